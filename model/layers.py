@@ -1,0 +1,81 @@
+"""Encoder and decoder layers: attention + position-wise FFN, each wrapped in residual + LayerNorm (3.1, 3.3)."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from model.attention import MultiHeadAttention
+from model.config import ModelConfig
+
+KV = tuple[torch.Tensor, torch.Tensor]  # keys, values: (B, H, S, Dh) each
+
+
+class FeedForward(nn.Module):
+    """FFN(x) = max(0, x W1 + b1) W2 + b2 (3.3)."""
+
+    def __init__(self, d_model: int, d_ff: int, dropout: float) -> None:
+        super().__init__()
+        self.w1 = nn.Linear(d_model, d_ff)
+        self.w2 = nn.Linear(d_ff, d_model)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(self.dropout(torch.relu(self.w1(x))))  # (B, T, D)
+
+
+class Residual(nn.Module):
+    """LayerNorm(x + Dropout(Sublayer(x))) post-LN (5.4), or x + Dropout(Sublayer(LayerNorm(x))) pre-LN."""
+
+    def __init__(self, d_model: int, dropout: float, norm_first: bool) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(d_model)
+        self.dropout = nn.Dropout(dropout)
+        self.norm_first = norm_first
+
+    def forward(self, x: torch.Tensor, sublayer) -> torch.Tensor:
+        if self.norm_first:
+            return x + self.dropout(sublayer(self.norm(x)))
+        return self.norm(x + self.dropout(sublayer(x)))
+
+
+class EncoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.dropout)
+        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.dropout)
+        self.res_attn = Residual(cfg.d_model, cfg.dropout, cfg.norm_first)
+        self.res_ffn = Residual(cfg.d_model, cfg.dropout, cfg.norm_first)
+
+    def forward(self, x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        # x: (B, S, D); bias: (B, 1, 1, S) source padding
+        x = self.res_attn(x, lambda h: self.self_attn(h, *self.self_attn.project_kv(h), bias))
+        return self.res_ffn(x, self.ffn)  # (B, S, D)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.dropout)
+        self.cross_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.dropout)
+        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.dropout)
+        self.res_self = Residual(cfg.d_model, cfg.dropout, cfg.norm_first)
+        self.res_cross = Residual(cfg.d_model, cfg.dropout, cfg.norm_first)
+        self.res_ffn = Residual(cfg.d_model, cfg.dropout, cfg.norm_first)
+
+    def forward(
+        self, x: torch.Tensor, self_bias: torch.Tensor, past: KV | None, cross: KV, cross_bias: torch.Tensor
+    ) -> tuple[torch.Tensor, KV]:
+        # x: (B, T, D); self_bias: (B, 1, T, P+T); past: (B, H, P, Dh) x2 or None; cross: (B, H, S, Dh) x2
+        present: list[KV] = []
+
+        def self_block(h: torch.Tensor) -> torch.Tensor:
+            k, v = self.self_attn.project_kv(h)  # (B, H, T, Dh)
+            if past is not None:
+                k = torch.cat([past[0], k], dim=2)  # (B, H, P+T, Dh)
+                v = torch.cat([past[1], v], dim=2)
+            present.append((k, v))
+            return self.self_attn(h, k, v, self_bias)
+
+        x = self.res_self(x, self_block)
+        x = self.res_cross(x, lambda h: self.cross_attn(h, cross[0], cross[1], cross_bias))
+        return self.res_ffn(x, self.ffn), present[0]  # (B, T, D), present self-attention K/V

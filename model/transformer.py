@@ -1,0 +1,98 @@
+"""The encoder-decoder Transformer of "Attention Is All You Need", split into encode() and decode().
+
+encode() runs once per source; cross_kv() projects its output into every decoder layer's cross-attention
+keys/values once; decode() runs any number of new target positions against a self-attention KV cache.
+That split is exactly the ONNX export's encoder.onnx / decoder.onnx.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from model.attention import causal_bias, padding_bias
+from model.config import ModelConfig
+from model.layers import KV, DecoderLayer, EncoderLayer
+from model.positional import PositionalEncoding
+
+
+class Transformer(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.src_embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.tgt_embed = self.src_embed if cfg.tie_embeddings else nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.positions = PositionalEncoding(cfg.max_positions, cfg.d_model)
+        self.dropout = nn.Dropout(cfg.dropout)
+        self.encoder = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.n_encoder_layers))
+        self.decoder = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.n_decoder_layers))
+        # Pre-LN leaves the residual stream unnormalised, so it needs a final LayerNorm on each stack.
+        self.enc_norm = nn.LayerNorm(cfg.d_model) if cfg.norm_first else nn.Identity()
+        self.dec_norm = nn.LayerNorm(cfg.d_model) if cfg.norm_first else nn.Identity()
+        self.out_proj = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        if cfg.tie_embeddings:
+            self.out_proj.weight = self.tgt_embed.weight  # shared pre-softmax and embedding weights (3.4)
+        self._init_weights()
+
+    def _init_weights(self) -> None:
+        for name, p in self.named_parameters():
+            if p.dim() > 1:
+                nn.init.xavier_uniform_(p)
+            elif name.endswith("bias"):
+                nn.init.zeros_(p)
+        nn.init.normal_(self.src_embed.weight, std=self.cfg.d_model**-0.5)  # keeps sqrt(d)-scaled embeddings ~unit
+
+    def encode(self, src_ids: torch.Tensor, src_mask: torch.Tensor) -> torch.Tensor:
+        # src_ids, src_mask: (B, S); returns the encoder output (B, S, D)
+        b, s = src_ids.shape
+        positions = torch.arange(s, device=src_ids.device).expand(b, s)  # (B, S)
+        x = self.dropout(self.positions(self.src_embed(src_ids), positions))  # (B, S, D)
+        bias = padding_bias(src_mask)  # (B, 1, 1, S)
+        for layer in self.encoder:
+            x = layer(x, bias)
+        return self.enc_norm(x)
+
+    def cross_kv(self, memory: torch.Tensor) -> list[KV]:
+        """Every decoder layer's cross-attention K/V, computed once per source: (B, H, S, Dh) x2 per layer."""
+        return [layer.cross_attn.project_kv(memory) for layer in self.decoder]
+
+    def decode(
+        self,
+        tgt_ids: torch.Tensor,
+        positions: torch.Tensor,
+        self_mask: torch.Tensor,
+        src_mask: torch.Tensor,
+        cross: list[KV],
+        past: list[KV] | None = None,
+        causal: bool = True,
+    ) -> tuple[torch.Tensor, list[KV]]:
+        """New target tokens against the cache.
+
+        tgt_ids, positions: (B, T); self_mask: (B, P+T) 1 = a real key (past slots may be holes);
+        src_mask: (B, S); cross: per layer (B, H, S, Dh) x2; past: per layer (B, H, P, Dh) x2 or None.
+        causal=False is allowed only when T == 1 (one decoder step sees all its valid keys).
+        Returns logits (B, T, V) and the present K/V per layer (B, H, P+T, Dh) x2.
+        """
+        t = tgt_ids.shape[1]
+        x = self.dropout(self.positions(self.tgt_embed(tgt_ids), positions))  # (B, T, D)
+        self_bias = padding_bias(self_mask)  # (B, 1, 1, P+T)
+        if causal:
+            self_bias = self_bias + causal_bias(t, self_mask.shape[1], tgt_ids.device)  # (B, 1, T, P+T)
+        cross_bias = padding_bias(src_mask)  # (B, 1, 1, S)
+        present: list[KV] = []
+        for i, layer in enumerate(self.decoder):
+            x, kv = layer(x, self_bias, None if past is None else past[i], cross[i], cross_bias)
+            present.append(kv)
+        return self.out_proj(self.dec_norm(x)), present  # (B, T, V)
+
+    def forward(
+        self, src_ids: torch.Tensor, src_mask: torch.Tensor, tgt_ids: torch.Tensor, tgt_mask: torch.Tensor
+    ) -> torch.Tensor:
+        """Teacher forcing: (B, S) sources and (B, T) shifted targets -> logits (B, T, V)."""
+        b, t = tgt_ids.shape
+        cross = self.cross_kv(self.encode(src_ids, src_mask))
+        positions = torch.arange(t, device=tgt_ids.device).expand(b, t)  # (B, T)
+        logits, _ = self.decode(tgt_ids, positions, tgt_mask, src_mask, cross)
+        return logits
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
