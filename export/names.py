@@ -1,0 +1,75 @@
+"""The one place naming the ONNX graphs' inputs, outputs and dimensions (export, server and tests import it).
+
+Names follow optimum's convention: `past_key_values.{i}.decoder.key` in, `present.{i}.decoder.key` out.
+Dimension names are the same in shape comments, ONNX dynamic axes and tests.
+"""
+from __future__ import annotations
+
+# Dimensions: `heads`, `head_dim` and `vocab` are static (fixed by the model config).
+BATCH, SRC_LEN, PAST_LEN = "batch", "src_len", "past_len"
+TOTAL_LEN = "past_len + 1"  # the name the dynamo exporter derives for present K/V
+HEADS, HEAD_DIM, VOCAB = "heads", "head_dim", "vocab"
+
+ENCODER_FILE = "encoder.onnx"
+DECODER_FILE = "decoder.onnx"
+
+# encoder.onnx inputs
+INPUT_IDS = "input_ids"  # int64 [batch, src_len]
+ATTENTION_MASK = "attention_mask"  # int64 [batch, src_len], 1 = token, 0 = padding
+
+# decoder.onnx inputs (one step for the whole batch)
+DECODER_INPUT_IDS = "input_ids"  # int64 [batch, 1]: each row's last token
+POSITION_IDS = "position_ids"  # int64 [batch, 1]: each row's own absolute position
+DECODER_ATTENTION_MASK = "decoder_attention_mask"  # int64 [batch, past_len + 1]: 1 = a real past slot or the new token
+ENCODER_ATTENTION_MASK = "encoder_attention_mask"  # int64 [batch, src_len]
+
+LOGITS = "logits"  # float32 [batch, vocab]
+
+KINDS = ("key", "value")
+
+
+def cross_output(layer: int, kind: str) -> str:
+    """encoder.onnx output: a decoder layer's cross-attention K or V, float [batch, heads, src_len, head_dim]."""
+    return f"present.{layer}.encoder.{kind}"
+
+
+def cross_input(layer: int, kind: str) -> str:
+    """decoder.onnx input fed from cross_output(layer, kind)."""
+    return f"past_key_values.{layer}.encoder.{kind}"
+
+
+def past_input(layer: int, kind: str) -> str:
+    """decoder.onnx input: self-attention K or V so far, float [batch, heads, past_len, head_dim]."""
+    return f"past_key_values.{layer}.decoder.{kind}"
+
+
+def present_output(layer: int, kind: str) -> str:
+    """decoder.onnx output: past plus this step, float [batch, heads, past_len + 1, head_dim]."""
+    return f"present.{layer}.decoder.{kind}"
+
+
+def encoder_inputs() -> list[str]:
+    return [INPUT_IDS, ATTENTION_MASK]
+
+
+def encoder_outputs(n_layers: int) -> list[str]:
+    return [cross_output(i, k) for i in range(n_layers) for k in KINDS]
+
+
+def decoder_inputs(n_layers: int) -> list[str]:
+    return ([DECODER_INPUT_IDS, POSITION_IDS, DECODER_ATTENTION_MASK, ENCODER_ATTENTION_MASK]
+            + [past_input(i, k) for i in range(n_layers) for k in KINDS]
+            + [cross_input(i, k) for i in range(n_layers) for k in KINDS])
+
+
+def decoder_outputs(n_layers: int) -> list[str]:
+    return [LOGITS] + [present_output(i, k) for i in range(n_layers) for k in KINDS]
+
+
+def encoder_dims() -> dict[str, list[str]]:
+    """Expected dimension names by input/output (the static ones by their config name)."""
+    return {INPUT_IDS: [BATCH, SRC_LEN], ATTENTION_MASK: [BATCH, SRC_LEN]}
+
+
+def kv_dims(length: str) -> list[str]:
+    return [BATCH, HEADS, length, HEAD_DIM]

@@ -1,0 +1,83 @@
+"""Training configuration as a typed dataclass, and the named presets."""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class ArchConfig:
+    """The ModelConfig fields a preset chooses (vocab size and special ids come from the tokenizer)."""
+
+    d_model: int = 256
+    n_heads: int = 4
+    n_encoder_layers: int = 3
+    n_decoder_layers: int = 3
+    d_ff: int = 1024
+    dropout: float = 0.1
+    max_positions: int = 256
+    norm_first: bool = False
+    tie_embeddings: bool = True
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    preset: str = "default"
+    task: str = "verbalise"  # "verbalise" (the default corpus), "copy" (tiny), or "tsv" (bring your own)
+    data: str | None = None  # TSV path when task == "tsv"
+    n_train: int = 60_000
+    n_valid: int = 1_000
+    n_test: int = 2_000
+    vocab_size: int = 2_000
+    arch: ArchConfig = field(default_factory=ArchConfig)
+    max_tokens: int = 6_000  # per batch, padding included, summed over source and target
+    lr: float = 1e-3  # peak learning rate after warmup
+    warmup_steps: int = 300
+    max_steps: int = 3_000
+    weight_decay: float = 0.01
+    label_smoothing: float = 0.1
+    clip_norm: float = 1.0
+    eval_every: int = 500
+    eval_samples: int = 500  # validation examples decoded at each evaluation
+    seed: int = 0
+    threads: int = 0  # torch intra-op threads; 0 = torch's default
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "TrainConfig":
+        data = dict(data)
+        data["arch"] = ArchConfig(**data.get("arch", {}))
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+
+    @classmethod
+    def load(cls, path: str | Path) -> "TrainConfig":
+        return cls.from_dict(json.loads(Path(path).read_text()))
+
+
+PRESETS: dict[str, TrainConfig] = {
+    # Tests: learns a copy task in well under a minute on 2 cores.
+    "tiny": TrainConfig(
+        preset="tiny", task="copy", n_train=4_000, n_valid=200, n_test=200, vocab_size=64,
+        arch=ArchConfig(d_model=64, n_heads=4, n_encoder_layers=2, n_decoder_layers=2, d_ff=128,
+                        dropout=0.0, max_positions=64),
+        max_tokens=2_400, lr=3e-3, warmup_steps=60, max_steps=500, eval_every=250, eval_samples=200,
+    ),
+    # The shipped model: multilingual number verbalisation, >= 99% exact match target in ~10 minutes on 2 cores.
+    "default": TrainConfig(
+        preset="default", task="verbalise",
+        arch=ArchConfig(d_model=192, n_heads=4, n_encoder_layers=3, n_decoder_layers=3, d_ff=768, dropout=0.05),
+    ),
+}
+
+
+def preset(name: str, **overrides) -> TrainConfig:
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; choose from {sorted(PRESETS)}")
+    return replace(PRESETS[name], **overrides)

@@ -1,0 +1,81 @@
+"""Execution provider choice, onnxruntime sessions, and host <-> device transfers of OrtValues.
+
+The same code serves CUDA (device-resident buffers) and CPU (OrtValues over numpy memory, zero-copy):
+tests run the very IO-binding path the GPU uses.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+log = logging.getLogger(__name__)
+
+CUDA, CPU = "CUDAExecutionProvider", "CPUExecutionProvider"
+DEVICES = ("auto", "cpu", "cuda")
+
+
+@dataclass(frozen=True)
+class RuntimeConfig:
+    device: str = "auto"  # auto: CUDA when onnxruntime can create it, else CPU
+    intra_op_threads: int = 0  # 0 = onnxruntime's default (one per core)
+    inter_op_threads: int = 1
+    allow_spinning: bool = True  # idle spinning of intra-op threads; off helps when other work shares the cores
+    optimization: str = "all"  # onnxruntime graph optimisation level: disable | basic | extended | all
+
+    def __post_init__(self) -> None:
+        if self.device not in DEVICES:
+            raise ValueError(f"device must be one of {DEVICES}, got {self.device!r}")
+        if self.intra_op_threads < 0 or self.inter_op_threads < 0:
+            raise ValueError("thread counts must be >= 0")
+
+
+_LEVELS = {"disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL, "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+           "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED, "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL}
+
+
+class Device:
+    """Creates sessions on one provider and moves arrays to and from it."""
+
+    def __init__(self, cfg: RuntimeConfig) -> None:
+        self.cfg = cfg
+        self.provider = self._choose_provider()
+        self.ort_device = "cuda" if self.provider == CUDA else "cpu"
+        log.info("onnxruntime %s: execution provider %s", ort.__version__, self.provider)
+
+    def _choose_provider(self) -> str:
+        available = ort.get_available_providers()
+        if self.cfg.device == "cpu" or CUDA not in available:
+            if self.cfg.device == "cuda":
+                raise RuntimeError(f"--device cuda: onnxruntime {ort.__version__} offers only {available}")
+            return CPU
+        return CUDA  # confirmed (or refused) when the first session is created
+
+    def session(self, path: Path) -> ort.InferenceSession:
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = self.cfg.intra_op_threads
+        opts.inter_op_num_threads = self.cfg.inter_op_threads
+        opts.graph_optimization_level = _LEVELS[self.cfg.optimization]
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if self.cfg.allow_spinning else "0")
+        opts.log_severity_level = 3  # onnxruntime's own warnings about missing CUDA libraries are reported below
+        providers = [CUDA, CPU] if self.provider == CUDA else [CPU]
+        session = ort.InferenceSession(str(path), sess_options=opts, providers=providers)
+        actual = session.get_providers()[0]
+        if actual != self.provider:  # CUDA listed by onnxruntime-gpu, but its libraries or GPU are missing
+            if self.cfg.device == "cuda":
+                raise RuntimeError(f"--device cuda: onnxruntime could not create {CUDA} (got {actual})")
+            log.warning("%s unavailable, falling back to %s", self.provider, actual)
+            self.provider, self.ort_device = actual, "cpu"
+        return session
+
+    def put(self, array: np.ndarray) -> ort.OrtValue:
+        """Host array -> OrtValue on this device (on CPU it wraps the numpy memory without a copy)."""
+        return ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array), self.ort_device, 0)
+
+    @staticmethod
+    def get(value: ort.OrtValue) -> np.ndarray:
+        """OrtValue -> host array (a view on CPU, a copy from the GPU)."""
+        return value.numpy()

@@ -1,0 +1,101 @@
+"""Pure scheduling policy (no onnxruntime): who runs in the next decoder step.
+
+FCFS admission within the batch-size and KV-cache budgets, a bounded waiting queue, and retirement
+of finished, cancelled and expired rows. A row may join or leave between any two decoder steps.
+"""
+from __future__ import annotations
+
+import collections
+import threading
+from dataclasses import dataclass
+
+from server.request import FinishReason, Request, RequestStatus
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_batch_size: int = 32  # rows in one decoder step
+    max_waiting: int = 256  # queued requests beyond which new ones get RESOURCE_EXHAUSTED
+    # Cache budget in token slots: admission reserves source length + max_new_tokens per row (the worst case),
+    # so a running row can never be evicted for lack of cache.
+    max_kv_tokens: int = 65_536
+
+
+class QueueFull(Exception):
+    """The waiting queue is at max_waiting: the service answers RESOURCE_EXHAUSTED at once."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    admitted: list[Request]  # new rows: encode their sources, then they join this step
+    running: list[Request]  # this step's rows, in the runner's row order (kept rows first, then admitted)
+    retired: list[Request]  # rows that left since the last step: free their cache
+
+
+class Scheduler:
+    def __init__(self, cfg: SchedulerConfig) -> None:
+        self.cfg = cfg
+        self.waiting: collections.deque[Request] = collections.deque()
+        self.running: list[Request] = []
+        self._lock = threading.Lock()  # add() comes from the gRPC loop, schedule() from the engine thread
+
+    def add(self, request: Request) -> None:
+        with self._lock:
+            if len(self.waiting) >= self.cfg.max_waiting:
+                raise QueueFull(f"{len(self.waiting)} requests waiting (max_waiting={self.cfg.max_waiting})")
+            self.waiting.append(request)
+
+    def has_work(self) -> bool:
+        return bool(self.running or self.waiting)
+
+    @property
+    def n_waiting(self) -> int:
+        return len(self.waiting)
+
+    def schedule(self, now: float) -> Plan:
+        retired = [r for r in self.running if self._leaves(r, now)]
+        kept = [r for r in self.running if r.status is RequestStatus.RUNNING]
+        admitted = self._admit(kept, now)
+        self.running = kept + admitted
+        return Plan(admitted, list(self.running), retired)
+
+    def _leaves(self, r: Request, now: float) -> bool:
+        """Finishes a cancelled or expired row; True for every row that must leave the batch."""
+        if r.status is RequestStatus.RUNNING and r.cancelled:
+            r.finish(FinishReason.CANCELLED, now)
+        elif r.status is RequestStatus.RUNNING and r.expired(now):
+            r.finish(FinishReason.DEADLINE, now)
+        return r.status is RequestStatus.FINISHED
+
+    def _admit(self, kept: list[Request], now: float) -> list[Request]:
+        admitted: list[Request] = []
+        reserved = sum(r.kv_tokens for r in kept)
+        with self._lock:
+            self._drop_abandoned(now)
+            while self.waiting and len(kept) + len(admitted) < self.cfg.max_batch_size:
+                head = self.waiting[0]
+                if reserved + head.kv_tokens > self.cfg.max_kv_tokens and (kept or admitted):
+                    break  # FCFS: the head waits for cache rather than being overtaken
+                self.waiting.popleft()
+                head.status, head.scheduled_at = RequestStatus.RUNNING, now
+                reserved += head.kv_tokens
+                admitted.append(head)
+        return admitted
+
+    def _drop_abandoned(self, now: float) -> None:
+        """Waiting requests whose client left or whose deadline passed end now, not when they reach the head."""
+        if not any(r.cancelled or r.expired(now) for r in self.waiting):
+            return
+        alive = collections.deque()
+        for r in self.waiting:
+            if r.cancelled or r.expired(now):
+                r.finish(FinishReason.CANCELLED if r.cancelled else FinishReason.DEADLINE, now)
+            else:
+                alive.append(r)
+        self.waiting = alive
+
+    def drain_waiting(self, reason: FinishReason, now: float) -> None:
+        """Finishes every waiting request (used when the engine stops without running them)."""
+        with self._lock:
+            while self.waiting:
+                self.waiting.popleft().finish(reason, now)
