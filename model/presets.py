@@ -67,7 +67,7 @@ PRESETS: dict[str, TrainConfig] = {
         preset="tiny", task="copy", n_train=4_000, n_valid=200, n_test=200, vocab_size=64,
         arch=ArchConfig(d_model=64, n_heads=4, n_encoder_layers=2, n_decoder_layers=2, d_ff=128,
                         dropout=0.0, max_positions=64),
-        max_tokens=2_400, lr=3e-3, warmup_steps=60, max_steps=500, eval_every=250, eval_samples=200,
+        max_tokens=2_400, lr=3e-3, warmup_steps=60, max_steps=1_000, eval_every=500, eval_samples=200,
     ),
     # The shipped model: multilingual number verbalisation, >= 99% exact match target in ~10 minutes on 2 cores.
     "default": TrainConfig(

@@ -52,6 +52,9 @@ class Device:
             if self.cfg.device == "cuda":
                 raise RuntimeError(f"--device cuda: onnxruntime {ort.__version__} offers only {available}")
             return CPU
+        # onnxruntime-gpu lists CUDA even without its libraries; its loader errors would be printed at the
+        # default severity, so quieten them and report the outcome ourselves (see session()).
+        ort.set_default_logger_severity(3 if self.cfg.device == "auto" else 2)
         return CUDA  # confirmed (or refused) when the first session is created
 
     def session(self, path: Path) -> ort.InferenceSession:
