@@ -39,7 +39,7 @@ verify: venv
 serve: venv $(BUNDLE)/manifest.json
 	$(SEQSERVE) serve --bundle $(BUNDLE) --port $(GRPC_PORT) --metrics-port $(METRICS_PORT)
 
-# Regenerates the committed gRPC stubs from protos/ (tests/test_protos.py fails when they are stale).
+# Regenerates the committed gRPC stubs from protos/ (tests/server/test_stubs.py fails when they are stale).
 protos: venv
 	$(PY) -m server.protogen
 

@@ -73,3 +73,25 @@ def encoder_dims() -> dict[str, list[str]]:
 
 def kv_dims(length: str) -> list[str]:
     return [BATCH, HEADS, length, HEAD_DIM]
+
+
+INT64, FLOAT32 = "int64", "float32"
+
+
+def signature(n_layers: int) -> dict[str, dict[str, tuple[str, list]]]:
+    """Every graph input/output's declared element type and dimensions, by graph then name, in graph order.
+
+    Dynamic dimensions by their name; static ones by HEADS / HEAD_DIM / VOCAB (fixed by the config) or the literal 1.
+    """
+    def kv(length: str) -> tuple[str, list]:
+        return FLOAT32, kv_dims(length)
+
+    encoder = {INPUT_IDS: (INT64, [BATCH, SRC_LEN]), ATTENTION_MASK: (INT64, [BATCH, SRC_LEN])}
+    encoder.update({name: kv(SRC_LEN) for name in encoder_outputs(n_layers)})
+    decoder = {DECODER_INPUT_IDS: (INT64, [BATCH, 1]), POSITION_IDS: (INT64, [BATCH, 1]),
+               DECODER_ATTENTION_MASK: (INT64, [BATCH, TOTAL_LEN]), ENCODER_ATTENTION_MASK: (INT64, [BATCH, SRC_LEN])}
+    decoder.update({past_input(i, k): kv(PAST_LEN) for i in range(n_layers) for k in KINDS})
+    decoder.update({cross_input(i, k): kv(SRC_LEN) for i in range(n_layers) for k in KINDS})
+    decoder[LOGITS] = (FLOAT32, [BATCH, VOCAB])
+    decoder.update({present_output(i, k): kv(TOTAL_LEN) for i in range(n_layers) for k in KINDS})
+    return {"encoder": encoder, "decoder": decoder}

@@ -1,0 +1,109 @@
+"""onnxruntime against PyTorch on held-out inputs: the part of `seqserve verify` that needs torch and the checkpoint.
+
+PyTorch is the oracle: encoder outputs, every decoder step fed PyTorch's own past, cached ORT steps against one
+full causal forward (teacher forcing), and the engine's greedy tokens against model.decoding.greedy_decode.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from export import names, ort_io
+from export.manifest import load_manifest
+from export.quality import BATCH, CPU, generate, heldout_pairs, teacher_forced
+from export.verify import Check
+from model.checkpoint import load_checkpoint
+from model.decoding import greedy_decode, pad_batch
+from server.runner import Runner
+
+ATOL = RTOL = 1e-4
+LIMIT = f"atol=rtol={ATOL:g}"
+
+
+class MaxDiff:
+    """Running max |ort - torch| per output name, and whether any element broke |d| <= atol + rtol * |torch|."""
+
+    def __init__(self) -> None:
+        self.max: dict[str, float] = defaultdict(float)
+        self.broken: dict[str, bool] = defaultdict(bool)
+
+    def add(self, name: str, got: np.ndarray, want: torch.Tensor | np.ndarray) -> None:
+        want = want.detach().numpy() if isinstance(want, torch.Tensor) else want
+        diff = np.abs(got.astype(np.float64) - want)
+        if diff.size:
+            self.max[name] = max(self.max[name], float(np.nan_to_num(diff, nan=np.inf).max()))
+        self.broken[name] |= bool(~(diff <= ATOL + RTOL * np.abs(want)).all())  # NaN breaks it too
+
+    def rows(self, check: str) -> list[Check]:
+        return [Check(check, name, f"max |diff| {self.max[name]:.2e}", LIMIT, not self.broken[name])
+                for name in self.max]
+
+
+@torch.no_grad()
+def torch_parity(bundle: Path, checkpoint: Path, n: int) -> list[Check]:
+    model, tok = load_checkpoint(checkpoint)
+    manifest = load_manifest(bundle)
+    if model.cfg.to_dict() != manifest.model:
+        return [Check("checkpoint matches bundle", str(checkpoint), "model config differs", "equal", False)]
+    sources = [tok.encode(s).ids for s, _ in heldout_pairs(bundle, n)]
+    if not sources:
+        return [Check("onnxruntime vs PyTorch", "-", "the bundle has no held-out split", "-", False)]
+    encoder, decoder = ort_io.cpu_session(bundle / names.ENCODER_FILE), ort_io.cpu_session(bundle / names.DECODER_FILE)
+    runner = Runner(bundle, CPU, "fp32")
+    enc, step, forced = MaxDiff(), MaxDiff(), MaxDiff()
+    reference: list[list[int]] = []
+    for start in range(0, len(sources), BATCH):
+        chunk = sources[start : start + BATCH]
+        ids, mask = pad_batch(chunk, model.cfg.pad_id)  # (B, S) with padded rows
+        cross = model.cross_kv(model.encode(ids, mask))
+        for name, got, want in zip(names.encoder_outputs(model.cfg.n_decoder_layers),
+                                   encoder.run(None, ort_io.encoder_feeds(ids.numpy(), mask.numpy())),
+                                   [t for kv in cross for t in kv]):
+            enc.add(name, got, want)
+        tokens = greedy_decode(model, chunk, manifest.max_new_tokens)
+        reference += tokens
+        targets = [t + [model.cfg.eos_id] if len(t) < manifest.max_new_tokens else t for t in tokens]
+        inputs = _forced_inputs(targets, model.cfg)  # (B, T)
+        _decoder_steps(model, decoder, inputs, mask, cross, step)
+        full, _ = model.decode(inputs, torch.arange(inputs.shape[1]).expand_as(inputs), torch.ones_like(inputs),
+                               mask, cross)  # (B, T, V) one causal forward
+        _, ort_logits = next(teacher_forced(runner, chunk, targets, batch_size=len(chunk)))
+        for i, target in enumerate(targets):
+            forced.add(names.LOGITS, ort_logits[i, : len(target)], full[i, : len(target)])
+    engine = generate(runner, tok, sources, manifest.max_new_tokens)
+    same = sum(r.output_ids == want for r, want in zip(engine, reference))
+    return (enc.rows("encoder vs torch") + step.rows("decoder step vs torch")
+            + forced.rows("teacher forcing: cached ORT steps vs torch forward")
+            + [Check("greedy tokens: engine vs torch", "fp32", f"{same}/{len(sources)} sequences identical",
+                     "all", same == len(sources))])
+
+
+def _forced_inputs(targets: list[list[int]], cfg) -> torch.Tensor:
+    """(B, T) decoder inputs: BOS, then each row's targets shifted right, padding after its end."""
+    inputs = torch.full((len(targets), max(len(t) for t in targets)), cfg.pad_id, dtype=torch.int64)
+    inputs[:, 0] = cfg.bos_id
+    for i, target in enumerate(targets):
+        inputs[i, 1 : len(target)] = torch.tensor(target[:-1], dtype=torch.int64)
+    return inputs
+
+
+def _decoder_steps(model, decoder, inputs: torch.Tensor, src_mask: torch.Tensor, cross, diffs: MaxDiff) -> None:
+    """Every step of decoder.onnx fed exactly PyTorch's inputs (its past included) against PyTorch's step."""
+    b, steps = inputs.shape
+    cfg = model.cfg
+    flat_cross = [t.numpy() for kv in cross for t in kv]
+    past = [(torch.zeros(b, cfg.n_heads, 0, cfg.head_dim),) * 2 for _ in range(cfg.n_decoder_layers)]
+    out_names = names.decoder_outputs(cfg.n_decoder_layers)
+    for t in range(steps):
+        ids, positions = inputs[:, t : t + 1], torch.full((b, 1), t, dtype=torch.int64)  # (B, 1)
+        self_mask = torch.ones((b, t + 1), dtype=torch.int64)  # (B, P+1)
+        logits, present = model.decode(ids, positions, self_mask, src_mask, cross, past, causal=False)
+        feeds = ort_io.decoder_feeds(ids.numpy(), positions.numpy(), self_mask.numpy(), src_mask.numpy(),
+                                     [x.numpy() for kv in past for x in kv], flat_cross)
+        want = [logits[:, -1]] + [x for kv in present for x in kv]
+        for name, got, expected in zip(out_names, decoder.run(None, feeds), want):
+            diffs.add(name, got, expected)
+        past = present

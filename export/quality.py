@@ -1,0 +1,153 @@
+"""Each precision variant's quality on the bundle's held-out split, measured with the server's own pieces (no torch).
+
+Exact match: the engine's greedy outputs (server/engine.py, the numpy onnxruntime loop) against the references.
+Top-1 agreement: the fraction of teacher-forced decoder steps, forcing fp32's greedy tokens through the server's
+Runner, where the variant's argmax equals fp32's.
+"""
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+from tokenizers import Tokenizer
+from tqdm import tqdm
+
+from export import variants as vr
+from export.manifest import HELDOUT, load_manifest
+from model.tokenizer import load_tokenizer
+from server.device import RuntimeConfig
+from server.engine import Engine
+from server.request import FinishReason, Request, SamplingParams
+from server.runner import Runner
+from server.scheduler import Scheduler, SchedulerConfig
+
+QUALITY_N = 500  # the first lines of the held-out split: a fixed evaluation set that keeps export quick
+MAX_EXACT_MATCH_DROP = 1.0  # points of exact match a variant may lose against fp32 before it is reported loudly
+MIN_TOP1 = 0.99
+BATCH = 32
+CPU = RuntimeConfig(device="cpu")
+INT8_NOTE = ("activations are quantised at run time with one scale per tensor over the whole batch, so an int8 row's "
+             "logits depend on its batch mates: unlike fp32, continuous batching can change an int8 request's tokens")
+FP16_CPU_NOTE = ("runs on the CPU provider, but onnxruntime has no float16 CPU kernel for the ops listed under "
+                 "float32 and casts them back to float32: on CPU this measures float16 weights, not float16 arithmetic")
+
+
+def heldout_pairs(bundle: Path, n: int = QUALITY_N) -> list[tuple[str, str]]:
+    """The first n (source, target) lines of the bundle's heldout.tsv (parsed here: the server has no corpus code)."""
+    path = Path(bundle) / HELDOUT
+    if not path.is_file():
+        return []
+    lines = [line.removesuffix("\r") for line in path.read_text(encoding="utf-8").split("\n")]
+    return [tuple(line.split("\t", 1)) for line in lines if line.strip()][:n]
+
+
+def generate(runner: Runner, tokenizer: Tokenizer, sources: list[list[int]], max_new_tokens: int) -> list[Request]:
+    """Greedy generation through the server's engine; every request is finished on return."""
+    engine = Engine(runner, tokenizer, Scheduler(SchedulerConfig(max_waiting=max(1, len(sources)))))
+    requests = [Request(input_ids=list(s), params=SamplingParams(max_new_tokens=max_new_tokens)) for s in sources]
+    for request in requests:
+        engine.submit(request)
+    engine.run_until_idle()
+    return requests
+
+
+def forced_targets(requests: list[Request], eos_id: int) -> list[list[int]]:
+    """Each finished request's tokens as teacher-forcing targets (with the end token when it produced one)."""
+    return [r.output_ids + ([eos_id] if r.finish_reason is FinishReason.EOS else []) for r in requests]
+
+
+def teacher_forced(runner: Runner, sources: list[list[int]], targets: list[list[int]],
+                   batch_size: int = BATCH) -> Iterator[tuple[int, np.ndarray]]:
+    """Yields (first row, logits (B, T, V)) per chunk; step t feeds target t-1 (BOS first) at position t."""
+    special = runner.manifest.special_tokens
+    for start in range(0, len(sources), batch_size):
+        rows = [Request(input_ids=list(s), params=SamplingParams()) for s in sources[start : start + batch_size]]
+        chunk = targets[start : start + batch_size]
+        width = max(len(t) for t in chunk)
+        inputs = np.full((len(rows), width), special["pad_id"], np.int64)  # (B, T); pads after a row's end
+        inputs[:, 0] = special["bos_id"]
+        for i, target in enumerate(chunk):
+            inputs[i, 1 : len(target)] = target[:-1]
+        runner.update([], rows)
+        try:
+            steps = [runner.step(inputs[:, t].copy(), np.full(len(rows), t, np.int64)).copy() for t in range(width)]
+        finally:
+            runner.update(list(runner.rows), [])
+        yield start, np.stack(steps, axis=1)
+
+
+def top1(runner: Runner, sources: list[list[int]], targets: list[list[int]]) -> tuple[list[np.ndarray], bool]:
+    """Each row's argmax at its forced steps, and whether every logit of the pass was finite."""
+    argmax: list[np.ndarray] = []
+    finite = True
+    for start, logits in teacher_forced(runner, sources, targets):
+        finite &= bool(np.isfinite(logits).all())
+        best = logits.argmax(-1)  # (B, T)
+        argmax += [best[i, : len(targets[start + i])] for i in range(best.shape[0])]
+    return argmax, finite
+
+
+def exact_match(requests: list[Request], references: list[str]) -> float:
+    return sum(r.text == ref for r, ref in zip(requests, references)) / max(1, len(references))
+
+
+def measure_quality(bundle: str | Path, variants: list[str], n: int = QUALITY_N, progress: bool = True) -> dict:
+    """{variant: quality entry} for fp32 and the given variants; warns loudly on stderr about a lossy variant."""
+    bundle = Path(bundle)
+    manifest = load_manifest(bundle)
+    pairs = heldout_pairs(bundle, n)
+    if not pairs:
+        return {v: {"skipped": f"the bundle has no {HELDOUT}"} for v in ["fp32", *variants]}
+    tok = load_tokenizer(bundle / manifest.tokenizer["file"])
+    sources, references = [tok.encode(s).ids for s, _ in pairs], [t for _, t in pairs]
+    eos = manifest.special_tokens["eos_id"]
+    bar = tqdm(total=1 + len(variants), desc="quality", unit="variant", disable=not progress, file=sys.stderr)
+    runner = Runner(bundle, CPU, "fp32")
+    reference = generate(runner, tok, sources, manifest.max_new_tokens)
+    targets = forced_targets(reference, eos)
+    ref_top1, finite = top1(runner, sources, targets)
+    fp32 = {"n": len(pairs), "split": HELDOUT, "exact_match": exact_match(reference, references), "nan_free": finite}
+    results = {"fp32": fp32}
+    bar.update(1)
+    for variant in variants:
+        runner = Runner(bundle, CPU, variant)
+        em = exact_match(generate(runner, tok, sources, manifest.max_new_tokens), references)
+        got, finite = top1(runner, sources, targets)
+        agree = sum(int((a == b).sum()) for a, b in zip(got, ref_top1))
+        steps = sum(len(a) for a in ref_top1)
+        results[variant] = {"n": len(pairs), "split": HELDOUT, "exact_match": em,
+                            "exact_match_drop_points": round(100 * (fp32["exact_match"] - em), 3),
+                            "top1_agreement": agree / max(1, steps), "top1_steps": steps, "nan_free": finite,
+                            **_notes(bundle, manifest.model, variant)}
+        _warn(variant, results[variant])
+        bar.update(1)
+    bar.close()
+    return results
+
+
+def _notes(bundle: Path, model: dict, variant: str) -> dict:
+    if variant == "int8":
+        return {"note": INT8_NOTE}
+    if variant == "fp16":
+        kernels = vr.cpu_kernel_precision(bundle / vr.files("fp16")["decoder"], model)
+        note = {"note": FP16_CPU_NOTE} if kernels["float32"] else {}
+        return {"cpu_provider": {"runs": True, "kernels": kernels, **note}}
+    return {}
+
+
+def _warn(variant: str, quality: dict) -> None:
+    problems = []
+    if quality["exact_match_drop_points"] > MAX_EXACT_MATCH_DROP:
+        problems.append(f"loses {quality['exact_match_drop_points']:.2f} points of exact match against fp32 "
+                        f"(limit {MAX_EXACT_MATCH_DROP:g})")
+    if quality["top1_agreement"] < MIN_TOP1:
+        problems.append(f"top-1 agreement with fp32 is {quality['top1_agreement']:.2%} (limit {MIN_TOP1:.0%})")
+    if not quality["nan_free"]:
+        problems.append("produced NaN or infinite logits")
+    if problems:
+        quality["warning"] = "; ".join(problems)
+        bar = "!" * 78
+        print(f"{bar}\nWARNING: variant {variant} {quality['warning']} on {quality['n']} held-out lines\n{bar}",
+              file=sys.stderr)

@@ -1,0 +1,133 @@
+"""Precision variants of the fp32 graphs: dynamic int8 for CPU, float16 weights with float32 I/O for GPU.
+
+Each variant has the fp32 graphs' input/output names and float32 I/O types, so the server swaps one for another by
+name (manifest.variants[name]) without changing anything else. onnx and the quantisation tools are imported only
+where a variant is built: verify reads variants without them (onnx is a train/export dependency, not a serving one).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import tempfile
+import warnings
+from pathlib import Path
+
+from export import manifest as mf
+from export import names
+from export.ort_io import cpu_session, random_decoder_feeds
+
+VARIANTS = ("int8", "fp16")
+GRAPHS = ("encoder", "decoder")
+
+
+def files(variant: str) -> dict[str, str]:
+    """{"encoder": file, "decoder": file} of a variant: encoder.onnx for fp32, encoder.int8.onnx for int8, ..."""
+    if variant == "fp32":
+        return {"encoder": names.ENCODER_FILE, "decoder": names.DECODER_FILE}
+    return {graph: f"{graph}.{variant}.onnx" for graph in GRAPHS}
+
+
+def make_int8(src: Path, dst: Path) -> None:
+    """int8 weights for every MatMul with a constant B; activations are quantised at run time.
+
+    MatMulConstBOnly keeps attention's activation x activation products in float. DynamicQuantizeLinear picks one
+    scale per tensor over the whole batch, so an int8 row's logits depend (slightly) on its batch mates.
+    """
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)  # the quantiser logs a pre-processing hint on the root logger for every graph
+    try:
+        quantize_dynamic(src, dst, weight_type=QuantType.QInt8, extra_options={"MatMulConstBOnly": True})
+    finally:
+        root.setLevel(level)
+
+
+def make_fp16(src: Path, dst: Path) -> None:
+    """float16 weights and activations; keep_io_types leaves every input and output float32 (Cast at the edges)."""
+    import onnx
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # weights below fp16's range are flushed; the measured quality is the judge
+        half = convert_float_to_float16(onnx.load(str(src)), keep_io_types=True)
+    _topological_sort(half.graph)  # the converter appends the input Casts last, which onnx.checker refuses
+    onnx.save(half, str(dst))
+
+
+def _topological_sort(graph) -> None:
+    """Reorders nodes so each comes after the producers of its inputs (stable otherwise)."""
+    ready = {""} | {v.name for v in graph.input} | {t.name for t in graph.initializer}
+    pending, ordered = [_copy(n) for n in graph.node], []
+    while pending:
+        runnable = [n for n in pending if all(i in ready for i in n.input)]
+        if not runnable:
+            raise ValueError(f"graph has a cycle or a dangling input near node {pending[0].name!r}")
+        for node in runnable:
+            ready.update(node.output)
+        ordered += runnable
+        done = {id(n) for n in runnable}
+        pending = [n for n in pending if id(n) not in done]
+    del graph.node[:]
+    graph.node.extend(ordered)
+
+
+BUILDERS = {"int8": make_int8, "fp16": make_fp16}
+
+
+def add_variant(directory: Path, manifest: mf.Manifest, variant: str) -> dict:
+    """Writes a variant's two graphs from the fp32 ones, checks them and lists them in manifest.variants."""
+    if variant not in BUILDERS:
+        raise ValueError(f"unknown variant {variant!r}; choose from {VARIANTS}")
+    import onnx
+
+    fp32, out = files("fp32"), files(variant)
+    entry: dict = {}
+    for graph in GRAPHS:
+        src, dst = directory / fp32[graph], directory / out[graph]
+        BUILDERS[variant](src, dst)
+        onnx.checker.check_model(str(dst), full_check=True)
+        session = cpu_session(dst)  # refuses to load if an op has no CPU kernel at all
+        mf.check_session_io(dst, session, graph, manifest)
+        _check_io_types(cpu_session(src), session, dst)
+        entry[graph] = mf.file_entry(directory, out[graph])
+    entry["quality"] = {}
+    manifest.variants[variant] = entry
+    return entry
+
+
+def _check_io_types(reference, session, path: Path) -> None:
+    want = [(v.name, v.type) for v in reference.get_inputs() + reference.get_outputs()]
+    got = [(v.name, v.type) for v in session.get_inputs() + session.get_outputs()]
+    if got != want:
+        raise mf.BundleError(f"{path}: input/output types {got} differ from fp32's {want}")
+
+
+def cpu_kernel_precision(decoder: Path, model: dict) -> dict[str, list[str]]:
+    """The op types the CPU provider actually ran in float16 and in float32 (Casts left out), from a profile.
+
+    onnxruntime's CPU provider lacks float16 kernels for most compute ops; it inserts Casts and runs them in float32.
+    """
+    with tempfile.TemporaryDirectory() as tmp:
+        session = cpu_session(decoder, profile_prefix=str(Path(tmp) / "profile"))
+        session.run(None, random_decoder_feeds(model, batch=2, past_len=3, src_len=4))
+        events = json.loads(Path(session.end_profiling()).read_text())
+    ran: dict[str, set[str]] = {"float16": set(), "float32": set()}
+    for event in events:
+        args = event.get("args", {})
+        op = args.get("op_name")
+        if event.get("cat") != "Node" or not op or op == "Cast":
+            continue
+        types = {t for shape in args.get("input_type_shape", []) for t in shape}
+        if "float16" in types:
+            ran["float16"].add(op)
+        elif "float" in types:
+            ran["float32"].add(op)
+    return {k: sorted(v) for k, v in ran.items()}
+
+
+def _copy(node):
+    copy = type(node)()
+    copy.CopyFrom(node)
+    return copy

@@ -1,0 +1,169 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    FINISH_REASON_UNSPECIFIED: _ClassVar[FinishReason]
+    FINISH_REASON_EOS: _ClassVar[FinishReason]
+    FINISH_REASON_LENGTH: _ClassVar[FinishReason]
+    FINISH_REASON_STOP: _ClassVar[FinishReason]
+    FINISH_REASON_CANCELLED: _ClassVar[FinishReason]
+    FINISH_REASON_DEADLINE: _ClassVar[FinishReason]
+FINISH_REASON_UNSPECIFIED: FinishReason
+FINISH_REASON_EOS: FinishReason
+FINISH_REASON_LENGTH: FinishReason
+FINISH_REASON_STOP: FinishReason
+FINISH_REASON_CANCELLED: FinishReason
+FINISH_REASON_DEADLINE: FinishReason
+
+class DecodingOptions(_message.Message):
+    __slots__ = ("max_new_tokens", "min_new_tokens", "temperature", "top_k", "top_p", "repetition_penalty", "stop", "seed")
+    MAX_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    MIN_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
+    TOP_K_FIELD_NUMBER: _ClassVar[int]
+    TOP_P_FIELD_NUMBER: _ClassVar[int]
+    REPETITION_PENALTY_FIELD_NUMBER: _ClassVar[int]
+    STOP_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    max_new_tokens: int
+    min_new_tokens: int
+    temperature: float
+    top_k: int
+    top_p: float
+    repetition_penalty: float
+    stop: _containers.RepeatedScalarFieldContainer[str]
+    seed: int
+    def __init__(self, max_new_tokens: _Optional[int] = ..., min_new_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., stop: _Optional[_Iterable[str]] = ..., seed: _Optional[int] = ...) -> None: ...
+
+class GenerateRequest(_message.Message):
+    __slots__ = ("input", "options")
+    INPUT_FIELD_NUMBER: _ClassVar[int]
+    OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    input: str
+    options: DecodingOptions
+    def __init__(self, input: _Optional[str] = ..., options: _Optional[_Union[DecodingOptions, _Mapping]] = ...) -> None: ...
+
+class Usage(_message.Message):
+    __slots__ = ("input_tokens", "generated_tokens")
+    INPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    GENERATED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    input_tokens: int
+    generated_tokens: int
+    def __init__(self, input_tokens: _Optional[int] = ..., generated_tokens: _Optional[int] = ...) -> None: ...
+
+class Timings(_message.Message):
+    __slots__ = ("queue_seconds", "first_token_seconds", "total_seconds")
+    QUEUE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    FIRST_TOKEN_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    queue_seconds: float
+    first_token_seconds: float
+    total_seconds: float
+    def __init__(self, queue_seconds: _Optional[float] = ..., first_token_seconds: _Optional[float] = ..., total_seconds: _Optional[float] = ...) -> None: ...
+
+class GenerateResponse(_message.Message):
+    __slots__ = ("text", "token_ids", "finish_reason", "usage", "timings", "seed")
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
+    USAGE_FIELD_NUMBER: _ClassVar[int]
+    TIMINGS_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    text: str
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    finish_reason: FinishReason
+    usage: Usage
+    timings: Timings
+    seed: int
+    def __init__(self, text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., seed: _Optional[int] = ...) -> None: ...
+
+class GenerateStreamResponse(_message.Message):
+    __slots__ = ("text", "token_ids", "finish_reason", "usage", "timings", "seed")
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
+    USAGE_FIELD_NUMBER: _ClassVar[int]
+    TIMINGS_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    text: str
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    finish_reason: FinishReason
+    usage: Usage
+    timings: Timings
+    seed: int
+    def __init__(self, text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., seed: _Optional[int] = ...) -> None: ...
+
+class GenerateBatchRequest(_message.Message):
+    __slots__ = ("inputs", "options")
+    INPUTS_FIELD_NUMBER: _ClassVar[int]
+    OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    inputs: _containers.RepeatedScalarFieldContainer[str]
+    options: DecodingOptions
+    def __init__(self, inputs: _Optional[_Iterable[str]] = ..., options: _Optional[_Union[DecodingOptions, _Mapping]] = ...) -> None: ...
+
+class GenerateBatchResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[GenerateResponse]
+    def __init__(self, results: _Optional[_Iterable[_Union[GenerateResponse, _Mapping]]] = ...) -> None: ...
+
+class GetModelInfoRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ModelInfo(_message.Message):
+    __slots__ = ("config", "bundle_format_version", "variant", "execution_provider", "onnxruntime_version", "limits", "quality")
+    class ConfigEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    class QualityEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    CONFIG_FIELD_NUMBER: _ClassVar[int]
+    BUNDLE_FORMAT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    VARIANT_FIELD_NUMBER: _ClassVar[int]
+    EXECUTION_PROVIDER_FIELD_NUMBER: _ClassVar[int]
+    ONNXRUNTIME_VERSION_FIELD_NUMBER: _ClassVar[int]
+    LIMITS_FIELD_NUMBER: _ClassVar[int]
+    QUALITY_FIELD_NUMBER: _ClassVar[int]
+    config: _containers.ScalarMap[str, str]
+    bundle_format_version: int
+    variant: str
+    execution_provider: str
+    onnxruntime_version: str
+    limits: Limits
+    quality: _containers.ScalarMap[str, float]
+    def __init__(self, config: _Optional[_Mapping[str, str]] = ..., bundle_format_version: _Optional[int] = ..., variant: _Optional[str] = ..., execution_provider: _Optional[str] = ..., onnxruntime_version: _Optional[str] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., quality: _Optional[_Mapping[str, float]] = ...) -> None: ...
+
+class Limits(_message.Message):
+    __slots__ = ("max_input_tokens", "max_new_tokens", "max_batch_size", "max_waiting", "max_batch_inputs", "max_stop_strings", "default_max_new_tokens")
+    MAX_INPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    MAX_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    MAX_BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    MAX_WAITING_FIELD_NUMBER: _ClassVar[int]
+    MAX_BATCH_INPUTS_FIELD_NUMBER: _ClassVar[int]
+    MAX_STOP_STRINGS_FIELD_NUMBER: _ClassVar[int]
+    DEFAULT_MAX_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    max_input_tokens: int
+    max_new_tokens: int
+    max_batch_size: int
+    max_waiting: int
+    max_batch_inputs: int
+    max_stop_strings: int
+    default_max_new_tokens: int
+    def __init__(self, max_input_tokens: _Optional[int] = ..., max_new_tokens: _Optional[int] = ..., max_batch_size: _Optional[int] = ..., max_waiting: _Optional[int] = ..., max_batch_inputs: _Optional[int] = ..., max_stop_strings: _Optional[int] = ..., default_max_new_tokens: _Optional[int] = ...) -> None: ...

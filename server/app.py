@@ -1,0 +1,160 @@
+"""`seqserve serve`: builds runner + engine + service, serves gRPC (with health and reflection) and /metrics.
+
+Lifecycle: bind with health NOT_SERVING -> load the bundle and warm up (off the event loop) -> SERVING.
+SIGTERM/SIGINT: NOT_SERVING -> new calls UNAVAILABLE -> in-flight calls finish within the grace period ->
+server.stop -> engine.stop -> exit 0.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+
+import grpc
+import onnxruntime as ort
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1._async import HealthServicer
+from grpc_reflection.v1alpha import reflection
+
+from export.manifest import load_manifest
+from model.tokenizer import load_tokenizer
+from server.device import RuntimeConfig
+from server.engine import Engine
+from server.metrics import Metrics
+from server.request import Request, SamplingParams
+from server.runner import Runner
+from server.scheduler import Scheduler, SchedulerConfig
+from server.service import SERVICE_NAME, GenerationService
+from server.settings import Settings, SettingsError, env_name
+
+log = logging.getLogger("seqserve")
+WARMUP_TEXT = "warm up"
+
+
+class App:
+    def __init__(self, settings: Settings, metrics: Metrics | None = None) -> None:
+        self.settings = settings
+        self.metrics = metrics or Metrics()
+        self.service = GenerationService(self.metrics)
+        self.health = HealthServicer()
+        self.server: grpc.aio.Server | None = None
+        self.runner: Runner | None = None
+        self.engine: Engine | None = None
+        self.port = self.metrics_port = None
+        self._http = None
+
+    async def start(self) -> None:
+        """Listens at once (health NOT_SERVING), then loads and warms up in a thread, then SERVING."""
+        await self._listen()
+        try:
+            self._serve_metrics()
+            runner, tokenizer, limits, engine = await asyncio.to_thread(self._load)
+            self.runner, self.engine = runner, engine
+            self.service.open(engine, tokenizer, limits, self._model_info(runner))
+            await self._set_health(health_pb2.HealthCheckResponse.SERVING)
+            log.info("serving %s on %s:%d (%s, %s); metrics on port %s", self.settings.bundle, self.settings.host,
+                     self.port, runner.provider, runner.variant, self.metrics_port)
+        except BaseException:
+            await self.close(grace=0)
+            raise
+
+    async def _listen(self) -> None:
+        # so_reuseport off: a second server on a taken port must fail, not silently share it.
+        self.server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+        self.service.add_to(self.server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        reflection.enable_server_reflection((SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+                                             reflection.SERVICE_NAME), self.server)
+        await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+        address = f"{self.settings.host}:{self.settings.port}"
+        try:
+            self.port = self.server.add_insecure_port(address)
+        except RuntimeError as exc:
+            raise SettingsError(f"cannot listen on {address} (--port / {env_name('port')}): {exc}") from exc
+        await self.server.start()
+
+    def _serve_metrics(self) -> None:
+        if self.settings.metrics_port < 0:
+            return
+        try:
+            self._http, _ = self.metrics.serve_http(self.settings.metrics_port, addr=self.settings.host)
+        except OSError as exc:
+            raise SettingsError(f"cannot serve metrics on {self.settings.host}:{self.settings.metrics_port} "
+                                f"(--metrics-port / {env_name('metrics_port')}): {exc}") from exc
+        self.metrics_port = self._http.server_port
+
+    def _load(self):
+        """Runs in a worker thread: onnxruntime sessions, tokenizer, engine, one warm-up generation."""
+        s = self.settings
+        manifest = load_manifest(s.bundle)
+        limits = s.limits(int(manifest.model["max_positions"]), int(manifest.max_new_tokens))
+        runtime = RuntimeConfig(device=s.device, intra_op_threads=s.intra_op_threads,
+                                inter_op_threads=s.inter_op_threads, allow_spinning=s.allow_spinning)
+        runner = Runner(s.bundle, runtime, s.variant)
+        tokenizer = load_tokenizer(s.bundle / manifest.tokenizer["file"])
+        scheduler = Scheduler(SchedulerConfig(s.max_batch_size, s.max_waiting, s.max_kv_tokens))
+        engine = Engine(runner, tokenizer, scheduler, self.metrics)
+        self._warm_up(engine, tokenizer)
+        engine.start()
+        return runner, tokenizer, limits, engine
+
+    def _warm_up(self, engine: Engine, tokenizer) -> None:
+        """One short generation before SERVING, so the first client does not pay for onnxruntime's first run."""
+        request = Request(tokenizer.encode(WARMUP_TEXT).ids, SamplingParams(max_new_tokens=2))
+        engine.submit(request)
+        engine.run_until_idle()
+        if request.error is not None:
+            raise RuntimeError(f"warm-up generation failed: {request.error}")
+
+    def _model_info(self, runner: Runner) -> dict:
+        manifest = runner.manifest
+        quality = manifest.variants[runner.variant].get("quality", {})
+        return dict(config={k: str(v) for k, v in manifest.model.items()},
+                    bundle_format_version=manifest.format_version, variant=runner.variant,
+                    execution_provider=runner.provider, onnxruntime_version=ort.__version__,
+                    quality={k: float(v) for k, v in quality.items() if isinstance(v, (int, float))})
+
+    async def _set_health(self, status) -> None:
+        for service in ("", SERVICE_NAME):  # "" is the whole server, as load balancers ask
+            await self.health.set(service, status)
+
+    async def drain(self) -> bool:
+        """Graceful stop; True when every in-flight call finished within the grace period."""
+        grace = self.settings.grace_seconds
+        log.info("draining: health NOT_SERVING, refusing new calls, waiting up to %.1fs for in-flight ones", grace)
+        await self.health.enter_graceful_shutdown()
+        self.service.begin_drain()
+        finished = await self.service.wait_idle(grace)
+        if not finished:
+            log.warning("grace period of %.1fs over: cancelling the calls still in flight", grace)
+        await self.close(grace=1.0 if finished else 0)  # a second lets the last responses flush
+        return finished
+
+    async def close(self, grace: float = 0) -> None:
+        if self.server is not None:
+            await self.server.stop(grace)
+        if self.engine is not None:
+            await asyncio.to_thread(self.engine.stop)
+        if self._http is not None:
+            self._http.shutdown()
+            self._http.server_close()
+            self._http = None
+
+
+async def _serve(settings: Settings) -> int:
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    app = App(settings)
+    await app.start()
+    await stop.wait()
+    await app.drain()
+    log.info("stopped")
+    return 0
+
+
+def run(settings: Settings) -> int:
+    """The `seqserve serve` entry point: serves until SIGTERM/SIGINT, then drains and returns 0."""
+    logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return asyncio.run(_serve(settings))

@@ -1,0 +1,111 @@
+"""A small synchronous Python client for seqserve.v1.Generation.
+
+    with Client("127.0.0.1:50051") as client:
+        print(client.generate("b 5 9", max_new_tokens=20).text)
+        for piece in client.stream("b 5 9", temperature=0.8, seed=1):
+            print(piece.text, end="", flush=True)
+
+Decoding options are keywords named exactly as the proto's DecodingOptions fields (an unknown name raises
+ValueError); None leaves an option unset so the server's default applies. Errors are grpc.RpcError.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import grpc
+
+from seqserve.v1 import seqserve_pb2 as pb
+from seqserve.v1 import seqserve_pb2_grpc as pb_grpc
+
+OPTION_NAMES = tuple(f.name for f in pb.DecodingOptions.DESCRIPTOR.fields)
+
+
+@dataclass(frozen=True)
+class Result:
+    """One finished generation."""
+
+    text: str
+    token_ids: list[int]
+    finish_reason: str  # eos | length | stop | cancelled | deadline
+    input_tokens: int
+    generated_tokens: int
+    queue_seconds: float
+    first_token_seconds: float
+    total_seconds: float
+    seed: int
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One streamed message: new text and ids; the last one also carries the whole Result."""
+
+    text: str
+    token_ids: list[int]
+    result: Result | None = None
+
+
+def options(**kwargs) -> pb.DecodingOptions:
+    unknown = sorted(set(kwargs) - set(OPTION_NAMES))
+    if unknown:
+        raise ValueError(f"unknown decoding option(s) {unknown}; the options are {list(OPTION_NAMES)}")
+    return pb.DecodingOptions(**{k: v for k, v in kwargs.items() if v is not None})
+
+
+def _finish_name(value: int) -> str:
+    return pb.FinishReason.Name(value).removeprefix("FINISH_REASON_").lower()
+
+
+def _result(m, text: str, token_ids: list[int]) -> Result:
+    return Result(text=text, token_ids=token_ids, finish_reason=_finish_name(m.finish_reason),
+                  input_tokens=m.usage.input_tokens, generated_tokens=m.usage.generated_tokens,
+                  queue_seconds=m.timings.queue_seconds, first_token_seconds=m.timings.first_token_seconds,
+                  total_seconds=m.timings.total_seconds, seed=m.seed)
+
+
+class Client:
+    def __init__(self, address: str = "127.0.0.1:50051", timeout: float | None = None) -> None:
+        """timeout: the default deadline of every call in seconds (None = no deadline)."""
+        self.address, self.timeout = address, timeout
+        self.channel = grpc.insecure_channel(address)
+        self.stub = pb_grpc.GenerationStub(self.channel)
+
+    def generate(self, input: str, *, timeout: float | None = None, **decoding) -> Result:
+        m = self.stub.Generate(pb.GenerateRequest(input=input, options=options(**decoding)),
+                               timeout=timeout or self.timeout)
+        return _result(m, m.text, list(m.token_ids))
+
+    def stream(self, input: str, *, timeout: float | None = None, **decoding) -> Iterator[Piece]:
+        """Yields pieces as the server produces them; breaking out of the loop cancels the call."""
+        call = self.stub.GenerateStream(pb.GenerateRequest(input=input, options=options(**decoding)),
+                                        timeout=timeout or self.timeout)
+        text, ids = [], []
+        try:
+            for m in call:
+                text.append(m.text)
+                ids += m.token_ids
+                final = _result(m, "".join(text), ids) if m.finish_reason else None
+                yield Piece(m.text, list(m.token_ids), final)
+        finally:
+            call.cancel()  # no-op once the stream ended; frees the server's row if the caller stopped early
+
+    def generate_batch(self, inputs: list[str], *, timeout: float | None = None, **decoding) -> list[Result]:
+        m = self.stub.GenerateBatch(pb.GenerateBatchRequest(inputs=inputs, options=options(**decoding)),
+                                    timeout=timeout or self.timeout)
+        return [_result(r, r.text, list(r.token_ids)) for r in m.results]
+
+    def model_info(self, timeout: float | None = None) -> dict:
+        m = self.stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=timeout or self.timeout)
+        return {"config": dict(m.config), "bundle_format_version": m.bundle_format_version, "variant": m.variant,
+                "execution_provider": m.execution_provider, "onnxruntime_version": m.onnxruntime_version,
+                "quality": dict(m.quality), "limits": {f.name: getattr(m.limits, f.name)
+                                                       for f in pb.Limits.DESCRIPTOR.fields}}
+
+    def close(self) -> None:
+        self.channel.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,96 @@
+"""The manifest says what the bundle holds, and a tampered or mismatched bundle is refused naming the file."""
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+
+import onnx
+import pytest
+
+from export import names
+from export.manifest import FORMAT_VERSION, MANIFEST, BundleError, load_manifest
+from server.device import RuntimeConfig
+from server.runner import Runner
+
+CPU = RuntimeConfig(device="cpu")
+
+
+@pytest.fixture
+def bundle_copy(tiny_bundle, tmp_path):
+    out = tmp_path / "bundle"
+    shutil.copytree(tiny_bundle, out)
+    return out
+
+
+def test_manifest_describes_the_bundle(tiny_bundle, tiny_checkpoint):
+    data = json.loads((tiny_bundle / MANIFEST).read_text())
+    config = json.loads((tiny_checkpoint / "config.json").read_text())
+    assert data["format"] == "seqserve-bundle" and data["format_version"] == FORMAT_VERSION
+    assert data["model"] == config
+    assert data["special_tokens"] == {k: config[k] for k in ("pad_id", "bos_id", "eos_id", "unk_id")}
+    assert data["tokenizer"]["file"] == "tokenizer.json"
+    n = config["n_decoder_layers"]
+    assert data["io"] == {"encoder": {"inputs": names.encoder_inputs(), "outputs": names.encoder_outputs(n)},
+                          "decoder": {"inputs": names.decoder_inputs(n), "outputs": names.decoder_outputs(n)}}
+    fp32 = data["variants"]["fp32"]
+    for entry in (fp32["encoder"], fp32["decoder"], data["tokenizer"], data["heldout"]):
+        blob = (tiny_bundle / entry["file"]).read_bytes()
+        assert entry["sha256"] == hashlib.sha256(blob).hexdigest() and entry["bytes"] == len(blob)
+    for entry in (fp32["encoder"], fp32["decoder"]):
+        graph = onnx.load(str(tiny_bundle / entry["file"]))
+        assert data["opset"] == {o.domain: o.version for o in graph.opset_import}[""]
+        assert data["ir_version"] == graph.ir_version
+    assert data["training"]["test"]["n"] == 200 and "exact_match" in data["training"]["test"]
+    assert {"torch", "onnx", "onnxruntime-gpu", "tokenizers"} <= set(data["versions"])
+
+
+def _flip_byte(path, at: int) -> None:
+    blob = bytearray(path.read_bytes())
+    blob[at] ^= 0x01
+    path.write_bytes(bytes(blob))
+
+
+def test_flipped_byte_is_refused(bundle_copy):
+    path = bundle_copy / names.DECODER_FILE
+    _flip_byte(path, path.stat().st_size // 2)
+    with pytest.raises(BundleError, match=r"decoder\.onnx: sha256 .* does not match manifest\.json"):
+        load_manifest(bundle_copy)
+    with pytest.raises(BundleError, match=r"decoder\.onnx"):
+        Runner(bundle_copy, CPU)  # the server's loader refuses it too
+
+
+def test_missing_file_is_refused(bundle_copy):
+    (bundle_copy / "tokenizer.json").unlink()
+    with pytest.raises(BundleError, match=r"tokenizer\.json: listed in manifest\.json but missing"):
+        load_manifest(bundle_copy)
+
+
+def test_wrong_format_version_is_refused(bundle_copy):
+    path = bundle_copy / MANIFEST
+    data = json.loads(path.read_text())
+    data["format_version"] = FORMAT_VERSION + 1
+    path.write_text(json.dumps(data))
+    with pytest.raises(BundleError, match=r"manifest\.json: format_version 2 is not supported"):
+        load_manifest(bundle_copy)
+
+
+def test_graph_whose_io_differs_from_the_manifest_is_refused(bundle_copy):
+    """A consistent sha256 is not enough: the graph's own inputs/outputs must match the manifest's."""
+    shutil.copyfile(bundle_copy / names.ENCODER_FILE, bundle_copy / names.DECODER_FILE)
+    path = bundle_copy / MANIFEST
+    data = json.loads(path.read_text())
+    data["variants"]["fp32"]["decoder"] = data["variants"]["fp32"]["encoder"] | {"file": names.DECODER_FILE}
+    path.write_text(json.dumps(data))
+    load_manifest(bundle_copy)  # the hashes now agree
+    with pytest.raises(BundleError, match=r"decoder\.onnx: graph inputs/outputs .* do not match manifest\.json"):
+        Runner(bundle_copy, CPU)
+
+
+def test_verify_fails_on_a_tampered_bundle(bundle_copy, capsys):
+    from server.cli import main
+
+    _flip_byte(bundle_copy / names.ENCODER_FILE, 1000)
+    assert main(["verify", str(bundle_copy), "--quiet"]) == 1
+    out = capsys.readouterr().out
+    assert "encoder.onnx: sha256" in out and "FAIL" in out

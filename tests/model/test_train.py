@@ -1,0 +1,116 @@
+"""Training: the tiny preset learns its task, checkpoints are safetensors, resume and DDP work."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from model import checkpoint as ck
+from model.corpus import copy_task_splits, write_tsv
+from model.data import bucket_batches, collate, tokenize_pairs
+from model.decoding import greedy_decode
+from model.presets import preset
+from model.tokenizer import train_tokenizer
+from model.train import lr_at, train
+from server.cli import main as cli
+
+SEQSERVE = str(Path(sys.executable).parent / "seqserve")
+
+
+def test_tiny_preset_learns_the_copy_task(tiny_checkpoint):
+    metrics = json.loads((tiny_checkpoint / ck.METRICS).read_text())
+    assert metrics["task"] == "copy"
+    assert metrics["test"]["exact_match"] >= 0.95
+    assert metrics["test"]["n"] == 200
+    # The numbers in metrics.json are real: re-decode the held-out split from the saved weights.
+    model, tok = ck.load_checkpoint(tiny_checkpoint)
+    pairs = [line.split("\t") for line in (tiny_checkpoint / ck.HELDOUT).read_text().splitlines()][:50]
+    outs = greedy_decode(model, [tok.encode(s).ids for s, _ in pairs], metrics["max_new_tokens"])
+    exact = sum(tok.decode(o, skip_special_tokens=True) == t for o, (_, t) in zip(outs, pairs)) / len(pairs)
+    assert exact >= 0.9
+
+
+def test_checkpoint_files_are_safetensors_json_and_a_curve(tiny_checkpoint):
+    names = {p.name for p in tiny_checkpoint.iterdir()}
+    assert {ck.WEIGHTS, ck.CONFIG, ck.TOKENIZER, ck.METRICS, ck.TRAIN_CONFIG, "curve.png"} <= names
+    assert not [n for n in names if n.endswith((".pt", ".pth", ".pkl", ".bin"))]
+    assert (tiny_checkpoint / "curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_lr_schedule_warms_up_then_decays():
+    cfg = preset("tiny", warmup_steps=10, max_steps=100, lr=1.0)
+    lrs = [lr_at(s, cfg) for s in range(100)]
+    assert lrs[0] == pytest.approx(0.1) and lrs[9] == pytest.approx(1.0)
+    assert all(a < b for a, b in zip(lrs[:9], lrs[1:10]))
+    assert all(a >= b for a, b in zip(lrs[10:], lrs[11:]))
+    assert lrs[-1] == pytest.approx(0.1, abs=0.01)
+
+
+def test_batches_are_bucketed_within_the_token_budget():
+    pairs = copy_task_splits(400, 1, 1, seed=3)["train"]
+    tok = train_tokenizer([s for p in pairs for s in p], vocab_size=60)
+    examples = tokenize_pairs(tok, pairs, max_len=64)
+    batches = bucket_batches(examples, max_tokens=300, seed=0)
+    assert sorted(id(e) for b in batches for e in b) == sorted(id(e) for e in examples)  # each example once
+    for b in batches:
+        widths = [len(e.src) + len(e.tgt) for e in b]
+        assert max(widths) * len(b) <= 300 or len(b) == 1
+    batch = collate(batches[0], pad_id=0, bos_id=1)
+    assert torch.equal(batch.tgt_in[:, 1:][batch.tgt_mask[:, 1:].bool()],
+                       batch.tgt_out[:, :-1][batch.tgt_mask[:, 1:].bool()])  # teacher forcing shifts by one
+    assert (batch.tgt_in[:, 0] == 1).all()
+
+
+def test_resume_continues_from_the_last_step(tmp_path):
+    cfg = preset("tiny", n_train=400, n_valid=20, n_test=20, max_steps=30, eval_every=30, eval_samples=20)
+    train(cfg, tmp_path, quiet=True)
+    first = json.loads((tmp_path / ck.STATE).read_text())
+    assert first["step"] == 30
+    metrics = train(preset("tiny", n_train=400, n_valid=20, n_test=20, max_steps=50, eval_every=25,
+                           eval_samples=20), tmp_path, resume=True, quiet=True)
+    state = json.loads((tmp_path / ck.STATE).read_text())
+    assert metrics["steps"] == 50 and state["step"] == 50
+    assert [h["step"] for h in state["history"]] == list(range(1, 51))
+    assert state["history"][:30] == first["history"]  # the first 30 steps were kept, not redone
+
+
+def test_bring_your_own_tsv_trains_and_malformed_lines_are_reported(tmp_path, capsys):
+    pairs = copy_task_splits(300, 1, 1, seed=5)["train"]
+    write_tsv(pairs, tmp_path / "good.tsv")
+    rc = cli(["train", "--preset", "tiny", "--data", str(tmp_path / "good.tsv"), "--max-steps", "5",
+              "--out", str(tmp_path / "ckpt"), "--quiet"])
+    assert rc == 0
+    assert json.loads((tmp_path / "ckpt" / ck.METRICS).read_text())["task"] == "tsv"
+    (tmp_path / "bad.tsv").write_text("a b\ta b\nno tab here\nc\tc\n\tempty source\nd\td\n")
+    rc = cli(["train", "--preset", "tiny", "--data", str(tmp_path / "bad.tsv"), "--out", str(tmp_path / "x")])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert "bad.tsv" in err and "2" in err and "4" in err
+
+
+def _loss_curve(out: Path) -> list[float]:
+    return [h["loss"] for h in json.loads((out / ck.STATE).read_text())["history"]]
+
+
+def test_ddp_two_processes_match_one_process_trend(tmp_path):
+    args = ["train", "--preset", "tiny", "--max-steps", "80", "--quiet"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    subprocess.run([SEQSERVE, *args, "--out", str(tmp_path / "one"), "--threads", "1"], check=True, env=env,
+                   timeout=300)
+    ddp = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                          SEQSERVE, *args, "--out", str(tmp_path / "two"), "--threads", "1"],
+                         env=env, timeout=300, capture_output=True, text=True)
+    assert ddp.returncode == 0, ddp.stderr[-2000:]
+    metrics = json.loads((tmp_path / "two" / ck.METRICS).read_text())
+    assert metrics["world_size"] == 2 and metrics["steps"] == 80
+    one, two = _loss_curve(tmp_path / "one"), _loss_curve(tmp_path / "two")
+    assert len(one) == len(two) == 80
+    for curve in (one, two):
+        assert sum(curve[-10:]) / 10 < 0.6 * sum(curve[:10]) / 10  # both learn
+    # Same model, data and schedule: the averaged 2-process loss follows the 1-process curve.
+    assert abs(sum(two[-10:]) - sum(one[-10:])) / sum(one[-10:]) < 0.25

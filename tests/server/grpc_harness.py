@@ -1,0 +1,85 @@
+"""Test harness: real servers on 127.0.0.1 (port 0) in a background event loop, with real channels."""
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from pathlib import Path
+
+import grpc
+
+from seqserve.v1 import seqserve_pb2 as pb
+from seqserve.v1 import seqserve_pb2_grpc as pb_grpc
+from server import settings as st
+from server.app import App
+
+
+class Served:
+    """An App running in its own thread and event loop, as `seqserve serve` runs it, minus the signals."""
+
+    def __init__(self, bundle: Path, app_class=App, **overrides) -> None:
+        values = dict(bundle=bundle, host="127.0.0.1", port=0, metrics_port=0, device="cpu",
+                      log_level="WARNING") | overrides
+        self.app = app_class(st.Settings(**values))
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="test-server", daemon=True)
+        self.thread.start()
+        self._listening = threading.Event()
+        self._started = self.run_async(self._start())
+        if not self._listening.wait(30):
+            raise RuntimeError(f"server did not start: {self._started.exception(0)}")
+        self.address = f"127.0.0.1:{self.app.port}"
+        self.channel = grpc.insecure_channel(self.address)
+        self.stub = pb_grpc.GenerationStub(self.channel)
+
+    async def _start(self) -> None:
+        start = asyncio.ensure_future(self.app.start())
+        while self.app.port is None and not start.done():  # listening comes before loading and warm-up
+            await asyncio.sleep(0.005)
+        self._listening.set()
+        await start
+
+    def wait_ready(self, timeout: float = 60) -> Served:
+        self._started.result(timeout)
+        return self
+
+    def run_async(self, coro):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def slow_down(self, seconds_per_step: float) -> None:
+        """Makes every decoder step take longer, so generations are long enough to act on mid-way (0 undoes it)."""
+        self.step_delay = seconds_per_step
+        runner = self.app.runner
+        if "step" not in vars(runner):  # wrap the bound method once; the delay can change later
+            step = runner.step
+
+            def slow_step(*args):
+                time.sleep(self.step_delay)
+                return step(*args)
+
+            runner.step = slow_step
+
+    def metric(self, name: str, **labels) -> float:
+        return self.app.metrics.registry.get_sample_value(name, labels) or 0.0
+
+    def stop(self) -> None:
+        self.channel.close()
+        if self._started.done() and self._started.exception() is None and not self.app.service.draining:
+            self.run_async(self.app.drain()).result(60)
+        else:
+            self.run_async(self.app.close()).result(60)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+
+def wait_for(predicate, timeout: float = 20, what: str = "condition") -> None:
+    """Polls until predicate() is true (never a bare sleep as synchronisation)."""
+    end = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.005)
+
+
+def request(text: str, **options) -> pb.GenerateRequest:
+    return pb.GenerateRequest(input=text, options=pb.DecodingOptions(**options))

@@ -1,0 +1,44 @@
+"""The Python client class and `seqserve generate` against a real server."""
+from __future__ import annotations
+
+import grpc
+import pytest
+
+from server.cli import main
+from server.client import Client
+
+
+def test_client_generate_stream_batch_and_model_info(served, heldout):
+    (src, tgt), (src2, tgt2) = heldout[:2]
+    with Client(served.address, timeout=30) as client:
+        result = client.generate(src, max_new_tokens=40)
+        assert result.text == tgt and result.finish_reason == "eos" and result.generated_tokens == len(result.token_ids)
+        pieces = list(client.stream(src))
+        assert all(p.result is None for p in pieces[:-1]) and pieces[-1].result.text == tgt
+        assert pieces[-1].result.token_ids == result.token_ids
+        assert [r.text for r in client.generate_batch([src, src2])] == [tgt, tgt2]
+        sampled = client.generate(src, temperature=3.0, seed=5, top_k=10, top_p=0.9, repetition_penalty=1.1)
+        assert client.generate(src, temperature=3.0, seed=5, top_k=10, top_p=0.9,
+                               repetition_penalty=1.1).token_ids == sampled.token_ids
+        info = client.model_info()
+        assert info["execution_provider"] == "CPUExecutionProvider" and info["limits"]["max_new_tokens"] > 0
+        with pytest.raises(ValueError, match="unknown decoding option"):
+            client.generate(src, max_tokens=3)
+        with pytest.raises(grpc.RpcError) as err:
+            client.generate(src, top_p=2.0)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_cli_generate_unary_and_stream(served, heldout, capsys):
+    src, tgt = heldout[0]
+    assert main(["generate", src, "--server", served.address]) == 0
+    out, err = capsys.readouterr()
+    assert out == tgt + "\n" and "[eos:" in err
+    assert main(["generate", src, "--server", served.address, "--stream", "--max-new-tokens", "3"]) == 0
+    out, err = capsys.readouterr()
+    assert out == tgt[:3] + "\n" and "[length: " in err and "3 generated tokens" in err
+
+
+def test_cli_generate_reports_errors(served, capsys):
+    assert main(["generate", "x", "--server", served.address, "--temperature", "-1"]) == 1
+    assert "error: INVALID_ARGUMENT: options.temperature must be finite and >= 0" in capsys.readouterr().err

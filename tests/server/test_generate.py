@@ -1,0 +1,107 @@
+"""Generation over a real channel: unary, stream, batch, continuous batching and seeded sampling."""
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+from grpc_harness import request, wait_for
+from seqserve.v1 import seqserve_pb2 as pb
+
+SAMPLING = dict(temperature=3.0, seed=1234)  # hot enough that the tiny, confident model really samples
+
+
+def test_unary_copies_the_input(served, heldout):
+    src, tgt = heldout[0]
+    r = served.stub.Generate(request(src), timeout=30)
+    assert r.text == tgt
+    assert r.finish_reason == pb.FINISH_REASON_EOS
+    assert r.usage.generated_tokens == len(r.token_ids) > 0
+    assert r.usage.input_tokens > 0
+    assert 0 <= r.timings.queue_seconds <= r.timings.first_token_seconds <= r.timings.total_seconds
+
+
+def test_stream_pieces_arrive_before_the_end_and_add_up_to_the_unary_text(served, heldout):
+    src = max((s for s, _ in heldout), key=len)
+    unary = served.stub.Generate(request(src), timeout=30)
+    messages = list(served.stub.GenerateStream(request(src), timeout=30))
+    assert len(messages) > 1 and all(m.finish_reason == pb.FINISH_REASON_UNSPECIFIED for m in messages[:-1])
+    assert any(m.text for m in messages[:-1]), "no text before the final message"
+    assert "".join(m.text for m in messages) == unary.text
+    assert [t for m in messages for t in m.token_ids] == list(unary.token_ids)
+    final = messages[-1]
+    assert final.finish_reason == unary.finish_reason and final.usage == unary.usage
+
+
+def test_batch_returns_results_in_input_order(served, heldout):
+    sources = [s for s, _ in heldout[:6]]
+    response = served.stub.GenerateBatch(pb.GenerateBatchRequest(inputs=sources), timeout=30)
+    assert [r.text for r in response.results] == [t for _, t in heldout[:6]]
+
+
+def test_length_and_stop_finish_reasons(served, heldout):
+    src = max((s for s, _ in heldout), key=len)
+    r = served.stub.Generate(request(src, max_new_tokens=3), timeout=30)
+    assert r.finish_reason == pb.FINISH_REASON_LENGTH and len(r.token_ids) == 3
+    stop = src.split()[2]
+    r = served.stub.Generate(request(src, stop=[stop]), timeout=30)
+    assert r.finish_reason == pb.FINISH_REASON_STOP and r.text == src[: src.index(stop)]
+
+
+def test_32_concurrent_requests_equal_each_served_alone(served, heldout):
+    sources = sorted({s for s, _ in heldout}, key=len)[:: max(1, len(heldout) // 32)][:32]  # spread of lengths
+    alone = [served.stub.Generate(request(s), timeout=30) for s in sources]
+    rows_before = served.metric("seqserve_batch_rows_bucket", le="1.0")
+    steps_before = served.metric("seqserve_batch_rows_count")
+    with ThreadPoolExecutor(32) as pool:
+        together = list(pool.map(lambda s: served.stub.Generate(request(s), timeout=60), sources))
+    assert [r.token_ids for r in together] == [r.token_ids for r in alone]
+    targets = dict(heldout)
+    assert [r.text for r in together] == [targets[s] for s in sources]  # greedy copy task: the held-out target
+    single_row_steps = served.metric("seqserve_batch_rows_bucket", le="1.0") - rows_before
+    assert single_row_steps < served.metric("seqserve_batch_rows_count") - steps_before, "never batched"
+
+
+def test_a_request_joining_mid_generation_changes_nobody(make_server, heldout):
+    s = make_server()
+    first, second = heldout[0][0], heldout[1][0]
+    long_first = dict(min_new_tokens=30, max_new_tokens=30)  # runs well past the copy, on forced tokens
+    alone_first = s.stub.Generate(request(first, **long_first), timeout=30)
+    alone_second = s.stub.Generate(request(second), timeout=30)
+    s.slow_down(0.03)  # the first request runs about a second: the second one joins it mid-way
+    stream = s.stub.GenerateStream(request(first, **long_first), timeout=60)
+    pieces = [next(stream)]  # the first request is mid-generation now
+    joined = s.stub.Generate.future(request(second), timeout=60)
+    wait_for(joined.done, what="the joining request")
+    pieces += list(stream)
+    assert pieces[-1].finish_reason == pb.FINISH_REASON_LENGTH
+    assert [t for p in pieces for t in p.token_ids] == list(alone_first.token_ids)
+    assert joined.result().token_ids == alone_second.token_ids
+    assert s.metric("seqserve_batch_rows_count") > s.metric("seqserve_batch_rows_bucket", le="1.0"), "never joined"
+
+
+def test_seeded_sampling_is_identical_alone_and_in_a_batch(served, heldout):
+    sources = [s for s, _ in heldout[:8]]
+    alone = [served.stub.Generate(request(s, **SAMPLING), timeout=30) for s in sources]
+    batch = served.stub.GenerateBatch(pb.GenerateBatchRequest(inputs=sources, options=pb.DecodingOptions(**SAMPLING)),
+                                      timeout=30)
+    assert [r.token_ids for r in batch.results] == [r.token_ids for r in alone]
+    assert all(r.seed == SAMPLING["seed"] for r in batch.results)
+    greedy = [served.stub.Generate(request(s), timeout=30).token_ids for s in sources]
+    assert [r.token_ids for r in alone] != greedy, "the sampling options did not change anything: test is vacuous"
+    other = [served.stub.Generate(request(s, temperature=3.0, seed=99), timeout=30).token_ids for s in sources]
+    assert other != [r.token_ids for r in alone], "a different seed gave the same samples"
+
+
+def test_unset_seed_is_chosen_by_the_server_and_reproduces(served, heldout):
+    src = heldout[2][0]
+    first = served.stub.Generate(request(src, temperature=3.0), timeout=30)
+    again = served.stub.Generate(request(src, temperature=3.0, seed=first.seed), timeout=30)
+    assert again.token_ids == first.token_ids
+
+
+def test_model_info(served):
+    info = served.stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=10)
+    assert info.execution_provider == "CPUExecutionProvider" and info.variant == "fp32"
+    assert info.bundle_format_version == 1 and info.onnxruntime_version
+    assert int(info.config["d_model"]) > 0
+    assert info.limits.max_new_tokens > 0 and info.limits.max_input_tokens == int(info.config["max_positions"])
+    assert 0 < info.limits.default_max_new_tokens <= info.limits.max_new_tokens

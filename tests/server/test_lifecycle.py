@@ -1,0 +1,150 @@
+"""Health, reflection, metrics, draining, SIGTERM in a real `seqserve serve` process, and no torch on the server."""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import urllib.request
+from pathlib import Path
+
+import grpc
+import pytest
+from google.protobuf.descriptor_pool import DescriptorPool
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
+
+from grpc_harness import request, wait_for
+from seqserve.v1 import seqserve_pb2 as pb
+from seqserve.v1 import seqserve_pb2_grpc as pb_grpc
+from server.app import App
+
+REPO = Path(__file__).resolve().parents[2]
+SERVICE = "seqserve.v1.Generation"
+LONG = dict(min_new_tokens=30, max_new_tokens=30)
+SERVING, NOT_SERVING = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+def _health(channel, service: str = "") -> int:
+    return health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=service), timeout=10).status
+
+
+def test_health_not_serving_until_warm_then_serving_then_draining(make_server, heldout):
+    gate = threading.Event()
+
+    class GatedApp(App):
+        def _warm_up(self, engine, tokenizer):
+            assert gate.wait(60), "the test never opened the gate"
+            super()._warm_up(engine, tokenizer)
+
+    s = make_server(app_class=GatedApp, ready=False)
+    assert _health(s.channel) == NOT_SERVING and _health(s.channel, SERVICE) == NOT_SERVING
+    with pytest.raises(grpc.RpcError) as info:
+        s.stub.Generate(request(heldout[0][0]), timeout=10)
+    assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+    gate.set()
+    s.wait_ready()
+    assert _health(s.channel) == SERVING and _health(s.channel, SERVICE) == SERVING
+
+    s.slow_down(0.05)  # the in-flight call lasts 1.5 s, through the checks below
+    in_flight = s.stub.GenerateStream(request(heldout[0][0], **LONG), timeout=60)
+    next(in_flight)
+    drained = s.run_async(s.app.drain())
+    wait_for(lambda: _health(s.channel) == NOT_SERVING, what="NOT_SERVING while draining")
+    with pytest.raises(grpc.RpcError) as info:
+        s.stub.Generate(request(heldout[1][0]), timeout=10)
+    assert info.value.code() == grpc.StatusCode.UNAVAILABLE and "shutting down" in info.value.details()
+    assert list(in_flight)[-1].finish_reason == pb.FINISH_REASON_LENGTH  # the in-flight call finished
+    assert drained.result(30) is True
+    assert s.metric("seqserve_rejected_requests_total", reason="draining") == 1
+    assert s.metric("seqserve_rejected_requests_total", reason="not_ready") == 1
+
+
+def test_reflection_lists_and_describes_the_service(served):
+    database = ProtoReflectionDescriptorDatabase(served.channel)
+    assert SERVICE in database.get_services() and "grpc.health.v1.Health" in database.get_services()
+    service = DescriptorPool(database).FindServiceByName(SERVICE)
+    assert {m.name for m in service.methods} == {"Generate", "GenerateStream", "GenerateBatch", "GetModelInfo"}
+
+
+def test_metric_values_move_as_requests_complete(served, heldout):
+    names = ["seqserve_input_tokens_total", "seqserve_generated_tokens_total",
+             "seqserve_encoder_duration_seconds_count", "seqserve_decoder_step_duration_seconds_count",
+             "seqserve_time_to_first_token_seconds_count", "seqserve_queue_duration_seconds_count"]
+    before = {n: served.metric(n) for n in names}
+    requests_before = served.metric("seqserve_requests_total", method="Generate", code="OK")
+    duration_before = served.metric("seqserve_request_duration_seconds_count", method="Generate")
+    eos_before = served.metric("seqserve_finished_requests_total", reason="eos")
+    r = served.stub.Generate(request(heldout[0][0]), timeout=30)
+    # The engine counts a step's tokens just after delivering them; the end token is counted, not returned.
+    generated = before["seqserve_generated_tokens_total"] + len(r.token_ids) + 1
+    wait_for(lambda: served.metric("seqserve_generated_tokens_total") == generated, what="generated tokens counted")
+    after = {n: served.metric(n) for n in names}
+    assert after["seqserve_input_tokens_total"] - before["seqserve_input_tokens_total"] == r.usage.input_tokens
+    assert all(after[n] > before[n] for n in names)
+    assert served.metric("seqserve_requests_total", method="Generate", code="OK") == requests_before + 1
+    assert served.metric("seqserve_request_duration_seconds_count", method="Generate") == duration_before + 1
+    assert served.metric("seqserve_finished_requests_total", reason="eos") == eos_before + 1
+    assert served.metric("seqserve_running_requests") == 0
+    text = urllib.request.urlopen(f"http://127.0.0.1:{served.app.metrics_port}/metrics", timeout=10).read().decode()
+    assert re.search(r'seqserve_model_info\{[^}]*provider="CPUExecutionProvider"[^}]*variant="fp32"', text)
+    assert 'seqserve_requests_total{code="OK",method="Generate"}' in text
+
+
+SLOW_SERVE = """
+import sys, time
+from server.runner import Runner
+step = Runner.step
+def slow_step(self, *args):
+    time.sleep(0.05)  # long enough generations to send SIGTERM mid-way
+    return step(self, *args)
+Runner.step = slow_step
+from server.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_signal_drains_in_flight_calls_and_exits_0(tiny_bundle, heldout, sig):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SEQSERVE_")}
+    env |= {"SEQSERVE_GRACE_SECONDS": "30", "SEQSERVE_DEVICE": "cpu"}  # settings through the environment too
+    proc = subprocess.Popen([sys.executable, "-c", SLOW_SERVE, "serve", "--bundle", str(tiny_bundle), "--host",
+                             "127.0.0.1", "--port", "0", "--metrics-port", "-1"], cwd=REPO, env=env,
+                            stderr=subprocess.PIPE, text=True)
+    log, port = [], []
+    listening = threading.Event()
+
+    def read_log():
+        for line in proc.stderr:
+            log.append(line)
+            if m := re.search(r" on 127\.0\.0\.1:(\d+) \(", line):
+                port.append(int(m.group(1)))
+                listening.set()
+
+    threading.Thread(target=read_log, daemon=True).start()
+    try:
+        assert listening.wait(60), "".join(log)
+        with grpc.insecure_channel(f"127.0.0.1:{port[0]}") as channel:
+            stub = pb_grpc.GenerationStub(channel)
+            in_flight = stub.GenerateStream(request(heldout[0][0], **LONG), timeout=60)
+            next(in_flight)
+            proc.send_signal(sig)
+            wait_for(lambda: any("draining" in line for line in log), what="the drain to begin")
+            with pytest.raises(grpc.RpcError) as info:
+                stub.Generate(request(heldout[1][0]), timeout=10)
+            assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+            rest = list(in_flight)
+            assert rest[-1].finish_reason == pb.FINISH_REASON_LENGTH and rest[-1].usage.generated_tokens == 30
+        assert proc.wait(60) == 0, "".join(log)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_importing_the_server_does_not_import_torch():
+    code = ("import sys, server.app, server.service, server.engine, server.cli, server.client, server.settings\n"
+            "server.cli.build_parser()\n"
+            "assert 'torch' not in sys.modules, sorted(m for m in sys.modules if m.startswith('torch'))")
+    subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True, timeout=120)
