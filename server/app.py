@@ -101,8 +101,12 @@ class App:
     def _warm_up(self, engine: Engine, tokenizer) -> None:
         """One short generation before SERVING, so the first client does not pay for onnxruntime's first run."""
         request = Request(tokenizer.encode(WARMUP_TEXT).ids, SamplingParams(max_new_tokens=2))
-        engine.submit(request)
-        engine.run_until_idle()
+        exported, engine.metrics = engine.metrics, Metrics()  # warm-up is not traffic: keep it off /metrics
+        try:
+            engine.submit(request)
+            engine.run_until_idle()
+        finally:
+            engine.metrics = exported
         if request.error is not None:
             raise RuntimeError(f"warm-up generation failed: {request.error}")
 

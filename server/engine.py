@@ -60,19 +60,20 @@ class Engine:
         self._update(rows, next_tokens(logits, rows, self.eos_id))
 
     def _update(self, rows: list[Request], chosen: np.ndarray) -> None:
-        now = time.monotonic()
+        now, delivered = time.monotonic(), 0
         for request, token in zip(rows, chosen.tolist()):
             self._observe_token(request, now)
             if token == self.eos_id:
                 request.finish(FinishReason.EOS, now)
                 continue
             request.output_ids.append(token)
+            delivered += 1
             full = len(request.output_ids) >= request.params.max_new_tokens
             piece, stopped = next_piece(self.tokenizer, request, final=full)
             request.deliver(Event(token_ids=(token,), text=piece))
             if stopped or full:
                 request.finish(FinishReason.STOP if stopped else FinishReason.LENGTH, now)
-        self.metrics.generated_tokens.inc(len(rows))
+        self.metrics.generated_tokens.inc(delivered)  # EOS is not returned, so not counted: equals usage
 
     def _observe_token(self, request: Request, now: float) -> None:
         if request.first_token_at is None:

@@ -68,7 +68,7 @@ def test_cancel_mid_stream_frees_the_slot(make_server, heldout):
     wait_for(lambda: s.metric("seqserve_finished_requests_total", reason="cancelled") == 1, what="cancelled count")
     wait_for(lambda: s.metric("seqserve_requests_total", method="GenerateStream", code="CANCELLED") == 1,
              what="the call counted as CANCELLED")
-    assert s.metric("seqserve_generated_tokens_total") < 30 + 2  # it stopped early (2: the warm-up)
+    assert 0 < s.metric("seqserve_generated_tokens_total") < 30  # it stopped early (the warm-up is not counted)
 
 
 def test_deadline_unary_and_stream(make_server, heldout):

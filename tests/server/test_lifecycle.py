@@ -78,8 +78,9 @@ def test_metric_values_move_as_requests_complete(served, heldout):
     duration_before = served.metric("seqserve_request_duration_seconds_count", method="Generate")
     eos_before = served.metric("seqserve_finished_requests_total", reason="eos")
     r = served.stub.Generate(request(heldout[0][0]), timeout=30)
-    # The engine counts a step's tokens just after delivering them; the end token is counted, not returned.
-    generated = before["seqserve_generated_tokens_total"] + len(r.token_ids) + 1
+    # The engine counts a step's tokens just after delivering them; the end token is neither returned nor counted.
+    assert r.finish_reason == pb.FINISH_REASON_EOS
+    generated = before["seqserve_generated_tokens_total"] + r.usage.generated_tokens
     wait_for(lambda: served.metric("seqserve_generated_tokens_total") == generated, what="generated tokens counted")
     after = {n: served.metric(n) for n in names}
     assert after["seqserve_input_tokens_total"] - before["seqserve_input_tokens_total"] == r.usage.input_tokens
@@ -148,3 +149,10 @@ def test_importing_the_server_does_not_import_torch():
             "server.cli.build_parser()\n"
             "assert 'torch' not in sys.modules, sorted(m for m in sys.modules if m.startswith('torch'))")
     subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True, timeout=120)
+
+
+def test_warm_up_is_not_counted_as_traffic(make_server):
+    s = make_server()
+    assert s.app.engine.metrics is s.app.metrics  # the exported registry is back in place after warm-up
+    assert s.metric("seqserve_input_tokens_total") == s.metric("seqserve_generated_tokens_total") == 0
+    assert s.metric("seqserve_decoder_step_duration_seconds_count") == 0
