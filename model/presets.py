@@ -69,10 +69,13 @@ PRESETS: dict[str, TrainConfig] = {
                         dropout=0.0, max_positions=64),
         max_tokens=2_400, lr=3e-3, warmup_steps=60, max_steps=1_000, eval_every=500, eval_samples=200,
     ),
-    # The shipped model: multilingual number verbalisation, >= 99% exact match target in ~10 minutes on 2 cores.
+    # The shipped model: multilingual number verbalisation, >= 99% exact match in under 10 minutes on 2 cores.
+    # Sized by measurement (README "The default model"): d_model 128 steps ~3x faster than 192 on 2 cores and
+    # passes 96% valid exact match by step 1200; 2400 steps are ~6 passes over 60k pairs, too few to need dropout.
     "default": TrainConfig(
-        preset="default", task="verbalise",
-        arch=ArchConfig(d_model=192, n_heads=4, n_encoder_layers=3, n_decoder_layers=3, d_ff=768, dropout=0.05),
+        preset="default", task="verbalise", max_tokens=4_000, lr=1.5e-3, warmup_steps=300, max_steps=2_400,
+        eval_every=400, eval_samples=300,
+        arch=ArchConfig(d_model=128, n_heads=4, n_encoder_layers=3, n_decoder_layers=3, d_ff=512, dropout=0.0),
     ),
 }
 

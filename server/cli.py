@@ -31,9 +31,9 @@ def _serve(args: argparse.Namespace) -> int:
 def _generate(args: argparse.Namespace) -> int:
     import grpc
 
-    from server.client import OPTION_NAMES, Client
+    from server.client import Client, decoding_from_args
 
-    decoding = {name: getattr(args, name) for name in OPTION_NAMES}
+    decoding = decoding_from_args(args)
     with Client(args.server, timeout=args.timeout) as client:
         try:
             if args.stream:
@@ -54,6 +54,7 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _add_serving_commands(sub) -> None:
+    from server.client import add_decoding_arguments
     from server.settings import add_arguments
 
     p = sub.add_parser("serve", help="serve a bundle over gRPC (flags or SEQSERVE_* environment variables)",
@@ -68,15 +69,7 @@ def _add_serving_commands(sub) -> None:
     p.add_argument("--server", default="127.0.0.1:50051", help="host:port of the gRPC server")
     p.add_argument("--stream", action="store_true", help="print pieces as they are produced")
     p.add_argument("--timeout", type=float, help="deadline of the call in seconds")
-    # Decoding options: the proto's names; unset ones take the server's defaults.
-    p.add_argument("--max-new-tokens", type=int)
-    p.add_argument("--min-new-tokens", type=int)
-    p.add_argument("--temperature", type=float, help="0 = greedy")
-    p.add_argument("--top-k", type=int, help="0 = disabled")
-    p.add_argument("--top-p", type=float, help="in (0, 1]; 1 = disabled")
-    p.add_argument("--repetition-penalty", type=float, help="1 = disabled")
-    p.add_argument("--stop", action="append", help="stop string (repeatable)")
-    p.add_argument("--seed", type=int, help="sampling seed (default: chosen by the server and printed)")
+    add_decoding_arguments(p)  # the proto's option names; unset ones take the server's defaults
     p.set_defaults(func=_generate)
 
 
@@ -96,6 +89,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_train)
     _add_serving_commands(sub)
     _add_export_commands(sub)
+    _add_loadtest_command(sub)
+    _add_bench_command(sub)
     return parser
 
 
@@ -110,6 +105,10 @@ def _export(args: argparse.Namespace) -> int:
         measured = f"exact match {q['exact_match']:.2%} (n={q['n']}){agreement}" if "exact_match" in q else str(q)
         print(f"{name}: {measured}{'  WARNING: ' + q['warning'] if 'warning' in q else ''}")
     print(f"-> {args.out}")
+    if args.ctranslate2:
+        from export.ctranslate2 import convert
+
+        print(f"CTranslate2 model -> {convert(args.checkpoint, args.ctranslate2)}")
     return 0
 
 
@@ -126,6 +125,8 @@ def _add_export_commands(sub) -> None:
     p.add_argument("--int8", action="store_true", help="add a dynamic int8 variant (CPU)")
     p.add_argument("--fp16", action="store_true", help="add a float16 variant with float32 I/O (GPU)")
     p.add_argument("--quality-n", type=int, default=500, help="held-out lines each variant's quality is measured on")
+    p.add_argument("--ctranslate2", metavar="DIR", help="also convert the checkpoint to a CTranslate2 model in DIR "
+                                                        "(needs the bench extra; `seqserve bench --ctranslate2 DIR`)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=_export)
 
@@ -136,6 +137,41 @@ def _add_export_commands(sub) -> None:
     p.add_argument("--quality-n", type=int, default=500, help="held-out lines for the variants vs fp32")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_verify)
+
+
+def _loadtest(args: argparse.Namespace) -> int:
+    from loadtest.driver import main as loadtest
+
+    return loadtest(args)
+
+
+def _add_loadtest_command(sub) -> None:
+    from loadtest.driver import add_arguments  # stdlib + grpc only: locust runs in a child process
+
+    p = sub.add_parser("loadtest", help="load-test a running server with locust (headless): summary, SLOs, sweeps",
+                       description="Runs loadtest/locustfile.py headless against --target and writes CSV, the HTML "
+                                   "report and summary.json to --report-dir. Exits 1 when an SLO flag is missed "
+                                   "(naming it) or no call succeeded. --sweep 1,2,4,... runs one --step-duration "
+                                   "step per concurrency and adds sweep.csv, sweep.json and sweep.png.")
+    add_arguments(p)
+    p.set_defaults(func=_loadtest)
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from loadtest.bench import main as bench
+
+    return bench(args)
+
+
+def _add_bench_command(sub) -> None:
+    from loadtest.bench_config import add_arguments  # stdlib only: each row imports its backend in its own process
+
+    p = sub.add_parser("bench", help="PyTorch vs the engine (fp32/int8) vs CTranslate2 on the same held-out inputs",
+                       description="Decodes the same held-out inputs greedily with each backend, precision and batch "
+                                   "size, each row in a fresh process; prints the table and writes JSON (--out) and "
+                                   "optionally the markdown section (--markdown).")
+    add_arguments(p)
+    p.set_defaults(func=_bench)
 
 
 def main(argv: list[str] | None = None) -> int:

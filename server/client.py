@@ -14,11 +14,47 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import grpc
+from google.protobuf.descriptor import FieldDescriptor
 
 from seqserve.v1 import seqserve_pb2 as pb
 from seqserve.v1 import seqserve_pb2_grpc as pb_grpc
 
 OPTION_NAMES = tuple(f.name for f in pb.DecodingOptions.DESCRIPTOR.fields)
+
+# Help of each decoding flag; the flags themselves are derived from the proto so their names cannot drift.
+OPTION_HELP = {
+    "max_new_tokens": "most tokens to generate (unset = the server's default)",
+    "min_new_tokens": "the end token is suppressed until this many tokens were generated; 0 = none",
+    "temperature": "0 = greedy",
+    "top_k": "0 = disabled",
+    "top_p": "in (0, 1]; 1 = disabled",
+    "repetition_penalty": "1 = disabled",
+    "stop": "stop string (repeatable)",
+    "seed": "sampling seed (unset = chosen by the server and returned)",
+}
+_FLAG_TYPES = {FieldDescriptor.TYPE_UINT32: int, FieldDescriptor.TYPE_INT32: int, FieldDescriptor.TYPE_UINT64: int,
+               FieldDescriptor.TYPE_FLOAT: float, FieldDescriptor.TYPE_STRING: str}
+
+
+def add_decoding_arguments(parser) -> None:
+    """One flag per DecodingOptions field, named after it (`--max-new-tokens`); every command that decodes uses this."""
+    for f in pb.DecodingOptions.DESCRIPTOR.fields:
+        parser.add_argument("--" + f.name.replace("_", "-"), type=_FLAG_TYPES[f.type], help=OPTION_HELP[f.name],
+                            action="append" if f.is_repeated else "store")
+
+
+def decoding_from_args(args) -> dict:
+    """The decoding keywords for options()/Client from parsed flags (None = unset).
+
+    Also accepts the plain strings locust's web UI puts in place of flags it shows ("" = unset).
+    """
+    decoding = {}
+    for f in pb.DecodingOptions.DESCRIPTOR.fields:
+        value = getattr(args, f.name, None)
+        if isinstance(value, str):
+            value = None if not value.strip() else [value] if f.is_repeated else _FLAG_TYPES[f.type](value)
+        decoding[f.name] = value
+    return decoding
 
 
 @dataclass(frozen=True)

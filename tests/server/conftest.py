@@ -1,4 +1,4 @@
-"""Server fixtures: the tiny ONNX bundle served for real (see grpc_harness.py)."""
+"""Server fixtures: the tiny ONNX bundle served for real (see tests/grpc_harness.py)."""
 from __future__ import annotations
 
 import pytest

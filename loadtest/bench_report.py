@@ -1,0 +1,132 @@
+"""The benchmark's report: the machine it ran on, the JSON's field meanings, the text and markdown tables."""
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import platform
+from pathlib import Path
+
+FIELDS = {
+    "tokens_per_s": "generated_tokens / wall_s",
+    "generated_tokens": "tokens generated over all inputs, end tokens not counted (as the server's usage counts)",
+    "wall_s": "seconds to decode every input once; model load and one warm-up batch are not included",
+    "mean_latency_ms_batch1": "mean time per input when inputs run one at a time (wall_s / n_inputs); "
+                              "null on rows whose batch size is not 1",
+    "peak_rss_mb": "peak resident set size (Linux VmHWM) of the fresh process that ran only this row: the "
+                   "interpreter, the backend's libraries, the model and the decoding itself",
+    "identical_to_reference": "share of inputs whose generated token ids equal the reference row's exactly",
+    "device": "where the row ran: the onnxruntime execution provider actually used, torch-cpu, ctranslate2-<device>",
+}
+PACKAGES = ("seqserve", "torch", "onnxruntime-gpu", "onnxruntime", "ctranslate2", "numpy", "tokenizers")
+COLUMNS = (("row", "name"), ("tokens/s", "tokens_per_s"), ("ms/input @b1", "mean_latency_ms_batch1"),
+           ("peak RSS MB", "peak_rss_mb"), ("identical", "identical_to_reference"), ("tokens", "generated_tokens"),
+           ("wall s", "wall_s"), ("device", "device"))
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _ram_gib() -> float | None:
+    try:
+        return round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def machine() -> dict:
+    """Where the numbers came from; the load average matters on a shared machine."""
+    import onnxruntime as ort
+
+    versions = {}
+    for package in PACKAGES:
+        try:
+            versions[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return {"cpu": _cpu_model(), "logical_cores": os.cpu_count(), "usable_cores": len(os.sched_getaffinity(0)),
+            "ram_gib": _ram_gib(), "os": platform.platform(), "python": platform.python_version(),
+            "onnxruntime_providers_available": ort.get_available_providers(),
+            "load_average_at_start": [round(x, 2) for x in os.getloadavg()], "versions": versions}
+
+
+def describe(m: dict) -> str:
+    """One line for the markdown section."""
+    providers = sorted(set(m.get("onnxruntime_providers_used", [])))
+    return (f"{m['cpu']}, {m['usable_cores']} usable of {m['logical_cores']} logical cores, {m['ram_gib']} GiB RAM, "
+            f"{m['os']}, Python {m['python']}; onnxruntime provider used: {', '.join(providers) or 'none'}; "
+            f"load average {m['load_average_at_start']} at start; "
+            + ", ".join(f"{k} {v}" for k, v in m["versions"].items()))
+
+
+def _cell(row: dict, key: str) -> str:
+    value = row.get(key)
+    if value is None:
+        return "-"
+    if key == "identical_to_reference":
+        return f"{value:.1%}"
+    if isinstance(value, float):
+        return f"{value:,.1f}" if key != "wall_s" else f"{value:.2f}"
+    return f"{value:,}" if isinstance(value, int) else str(value)
+
+
+def text_table(rows: list[dict]) -> str:
+    head = [title for title, _ in COLUMNS]
+    cells = [[_cell(r, key) for _, key in COLUMNS] for r in rows]
+    widths = [max(len(c[i]) for c in cells + [head]) for i in range(len(head))]
+    line = "  ".join("-" * w for w in widths)
+
+    def fmt(row: list[str]) -> str:  # row names left-aligned, numbers right-aligned
+        return "  ".join(x.ljust(w) if i == 0 else x.rjust(w) for i, (x, w) in enumerate(zip(row, widths)))
+
+    return "\n".join([fmt(head), line, *map(fmt, cells)])
+
+
+def markdown_table(rows: list[dict]) -> str:
+    out = ["| " + " | ".join(title for title, _ in COLUMNS) + " |",
+           "|" + "|".join(["---"] + ["---:"] * (len(COLUMNS) - 2) + ["---"]) + "|"]
+    out += ["| " + " | ".join(_cell(r, key) for _, key in COLUMNS) + " |" for r in rows]
+    return "\n".join(out)
+
+
+def batching_summary(rows: list[dict]) -> list[dict]:
+    """Per engine precision: batch 1 (one request at a time) against its best batch size, from the engine rows."""
+    summary = []
+    for precision in dict.fromkeys(r["precision"] for r in rows if r["backend"] == "seqserve-engine"):
+        engine = [r for r in rows if r["backend"] == "seqserve-engine" and r["precision"] == precision]
+        one = next((r for r in engine if r["batch_size"] == 1), None)
+        best = max(engine, key=lambda r: r["tokens_per_s"])
+        summary.append({"precision": precision, "batch1_tokens_per_s": one and one["tokens_per_s"],
+                        "batch1_mean_latency_ms": one and one["mean_latency_ms_batch1"],
+                        "best_batch_size": best["batch_size"], "best_tokens_per_s": best["tokens_per_s"],
+                        "speedup": round(best["tokens_per_s"] / one["tokens_per_s"], 2) if one else None})
+    return summary
+
+
+def markdown_section(report: dict, title: str) -> str:
+    """The docs/benchmarks.md section: command, machine, table, and the batched-engine reading."""
+    s = report["settings"]
+    out = [f"## {title}", "", "```", report["command"], "```", "",
+           f"Machine: {describe(report['machine'])}.", "",
+           f"{s['n_inputs']} held-out inputs, greedy, max_new_tokens {s['max_new_tokens']}, intra-op threads "
+           f"{s['threads']}; reference: `{report['reference']}`; peak RSS is each row's own fresh process.", "",
+           markdown_table(report["rows"]), ""]
+    summary = report["engine_batching"]
+    if summary:
+        out += ["### Batched engine vs one at a time", ""]
+        for b in summary:
+            if b["speedup"] is None:
+                continue
+            out.append(f"- {b['precision']}: {b['batch1_tokens_per_s']:,.1f} tokens/s at batch 1 "
+                       f"({b['batch1_mean_latency_ms']:,.1f} ms per input) vs {b['best_tokens_per_s']:,.1f} tokens/s "
+                       f"at batch {b['best_batch_size']}: {b['speedup']:.2f}x.")
+        out.append("")
+    if report["skipped"]:
+        out += [f"Skipped: {'; '.join(report['skipped'])}.", ""]
+    return "\n".join(out)

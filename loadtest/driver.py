@@ -1,0 +1,163 @@
+"""`seqserve loadtest`: runs loadtest/locustfile.py headless in a child process and judges the run against SLOs.
+
+Locust runs as a child because it monkey-patches its process with gevent; this process never imports locust.
+A run writes to its report folder: summary.json, report.html, locust_stats.csv, locust_stats_history.csv,
+locust_failures.csv, locust_exceptions.csv and locust.log (locust's own output).
+"""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tqdm import tqdm
+
+from loadtest.slo import Slo, missed
+from loadtest.summary import METHODS, Summary
+from loadtest.workload import heldout_file
+from server.client import add_decoding_arguments, decoding_from_args, options
+
+LOCUSTFILE = Path(__file__).with_name("locustfile.py")
+_DURATION = re.compile(r"(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?")
+
+
+class LoadTestError(RuntimeError):
+    """Locust did not produce a summary (it crashed, or could not start)."""
+
+
+def parse_duration(text: str) -> int:
+    """Whole seconds from locust's time-span format: 90, 20s, 3m, 1h30m."""
+    text = str(text).strip()
+    if text.isdigit():
+        return int(text)
+    match = _DURATION.fullmatch(text)
+    if not text or not match:
+        raise ValueError(f"invalid duration {text!r}: use e.g. 90, 20s, 3m or 1h30m")
+    h, m, s = (int(g or 0) for g in match.groups())
+    return h * 3600 + m * 60 + s
+
+
+@dataclass(frozen=True)
+class LoadTest:
+    target: str  # host:port of the gRPC server
+    heldout: Path  # heldout.tsv whose sources are the inputs
+    users: int = 8
+    spawn_rate: float | None = None  # users started per second; None = all of them within the first second
+    duration_s: int = 60
+    methods: tuple[str, ...] = METHODS
+    decoding: dict = field(default_factory=dict)  # DecodingOptions keywords; None = the server's default
+    timeout_s: float | None = None  # deadline of each call
+    stop_timeout_s: int = 30  # calls in flight at the end may finish, so client and server counts agree
+    reset_stats: bool = False  # leave the ramp-up out of the statistics (sweep steps)
+
+    def __post_init__(self) -> None:
+        if self.users < 1 or self.duration_s < 1:
+            raise ValueError("--users and --duration must be at least 1 (user, second)")
+        if not self.methods or set(self.methods) - set(METHODS):
+            raise ValueError(f"--methods must be a subset of {','.join(METHODS)}")
+        options(**self.decoding)  # an option of the wrong type fails here, before locust starts
+
+    @classmethod
+    def from_args(cls, args) -> LoadTest:
+        return cls(target=args.target, heldout=heldout_file(args.heldout).resolve(), users=args.users,
+                   spawn_rate=args.spawn_rate, duration_s=parse_duration(args.duration),
+                   methods=tuple(m.strip() for m in args.methods.split(",") if m.strip()),
+                   decoding=decoding_from_args(args), timeout_s=args.timeout,
+                   stop_timeout_s=parse_duration(args.stop_timeout))
+
+    def locust_argv(self, out: Path) -> list[str]:
+        argv = [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless", "--only-summary",
+                "--host", self.target, "--users", str(self.users), "--spawn-rate", str(self.spawn_rate or self.users),
+                "--run-time", f"{self.duration_s}s", "--stop-timeout", f"{self.stop_timeout_s}s",
+                "--csv", str(out / "locust"), "--html", str(out / "report.html"),
+                "--exit-code-on-error", "0",  # failed calls are results, judged by the SLOs; a crash still exits 1
+                "--summary-json", str(out / "summary.json"), "--heldout", str(self.heldout), "--tags", *self.methods]
+        argv += ["--reset-stats"] if self.reset_stats else []
+        argv += ["--timeout", str(self.timeout_s)] if self.timeout_s else []
+        for name, value in self.decoding.items():
+            for v in value if isinstance(value, list) else [] if value is None else [value]:
+                argv.append(f"--{name.replace('_', '-')}={v}")  # `=` keeps a stop string like "-" a value
+        return argv
+
+
+def run(test: LoadTest, out: Path, progress: bool = True) -> Summary:
+    """Runs locust for test.duration_s (plus in-flight calls) and returns its summary; files go to out."""
+    out.mkdir(parents=True, exist_ok=True)
+    log = out / "locust.log"
+    with log.open("w") as sink:
+        proc = subprocess.Popen(test.locust_argv(out), stdout=sink, stderr=subprocess.STDOUT)
+        try:
+            _wait(proc, test, progress)
+        except BaseException:
+            proc.terminate()  # locust's SIGTERM handler still writes its reports
+            proc.wait(30)
+            raise
+    if proc.returncode != 0 or not (out / "summary.json").exists():
+        tail = "\n".join(log.read_text().splitlines()[-20:])
+        raise LoadTestError(f"locust exited with {proc.returncode} and no summary; the end of {log}:\n{tail}")
+    return Summary.load(out / "summary.json")
+
+
+def _wait(proc: subprocess.Popen, test: LoadTest, progress: bool) -> None:
+    limit = time.monotonic() + test.duration_s + test.stop_timeout_s + 120  # start-up and shutdown slack
+    with tqdm(total=test.duration_s, desc=f"{test.users} users", bar_format="{desc} {bar} {n}/{total} s",
+              disable=not progress, leave=False) as bar:
+        start = time.monotonic()
+        while proc.poll() is None:
+            if time.monotonic() > limit:
+                raise LoadTestError(f"locust did not finish within {limit - start:.0f} s")
+            time.sleep(0.2)
+            bar.update(min(int(time.monotonic() - start), test.duration_s) - bar.n)
+
+
+def judge(summary: Summary, slo: Slo, path: Path) -> tuple[int, list[str]]:
+    """Records the SLO verdicts in summary.json; returns the exit code and one line per problem."""
+    summary.slo = slo.check(summary) or None
+    summary.write(path)
+    problems = missed(summary.slo or {})
+    if summary.successes == 0:
+        problems.append(f"no call succeeded ({summary.requests} calls; failures by code: {summary.failures_by_code})")
+    return (1 if problems else 0), problems
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--target", default="127.0.0.1:50051",
+                        help="host:port of the gRPC server (default %(default)s)")
+    parser.add_argument("--heldout", default="artifacts/bundle",
+                        help="bundle directory (or its heldout.tsv) whose held-out sources are the inputs "
+                             "(default %(default)s)")
+    parser.add_argument("--users", type=int, default=8, help="concurrent closed-loop users (default %(default)s)")
+    parser.add_argument("--spawn-rate", type=float, help="users started per second (default: all at once)")
+    parser.add_argument("--duration", default="60s", help="run time: 90, 60s, 5m, 1h30m (default %(default)s)")
+    parser.add_argument("--methods", default=",".join(METHODS), help="RPCs the users call, in equal shares")
+    parser.add_argument("--timeout", type=float, help="deadline of each call in seconds (unset = none)")
+    parser.add_argument("--stop-timeout", default="30s",
+                        help="how long calls in flight at the end may finish (default %(default)s)")
+    parser.add_argument("--report-dir", help="output folder (default: reports/loadtest-<timestamp>)")
+    parser.add_argument("--sweep", help="capacity sweep: comma-separated user counts, one step each, e.g. 1,2,4,8")
+    parser.add_argument("--step-duration", default="20s", help="run time of each sweep step (default %(default)s)")
+    Slo.add_arguments(parser)
+    add_decoding_arguments(parser.add_argument_group("decoding options (unset = the server's defaults)"))
+
+
+def main(args) -> int:
+    test, slo = LoadTest.from_args(args), Slo.from_args(args)
+    report_dir = Path(args.report_dir or f"reports/loadtest-{time.strftime('%Y%m%d-%H%M%S')}")
+    try:
+        if args.sweep:
+            from loadtest.sweep import Sweep
+
+            return Sweep.from_args(args, test, slo).run(report_dir)
+        summary = run(test, report_dir)
+    except LoadTestError as exc:
+        print(f"seqserve loadtest: error: {exc}", file=sys.stderr)
+        return 2
+    code, problems = judge(summary, slo, report_dir / "summary.json")
+    print(summary.describe())
+    print(f"-> {report_dir}/ (summary.json, report.html, locust_*.csv, locust.log)")
+    for line in problems:
+        print(line)
+    return code

@@ -1,0 +1,41 @@
+"""What the load test sends: inputs from the held-out split the bundle was evaluated on, and decoding options."""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from seqserve.v1 import seqserve_pb2 as pb
+from server.client import options
+
+
+def heldout_file(path: str | Path) -> Path:
+    """A heldout.tsv file, or a bundle directory holding one."""
+    path = Path(path)
+    found = path / "heldout.tsv" if path.is_dir() else path
+    if not found.is_file():
+        raise FileNotFoundError(f"no held-out split at {found} (pass --heldout BUNDLE_DIR or a source<TAB>target file)")
+    return found
+
+
+def heldout_sources(path: str | Path) -> list[str]:
+    """The source column of `source<TAB>target` lines."""
+    sources = [line.split("\t", 1)[0] for line in heldout_file(path).read_text().splitlines() if line.strip()]
+    if not sources:
+        raise ValueError(f"{heldout_file(path)} has no lines")
+    return sources
+
+
+@dataclass
+class Workload:
+    sources: list[str]
+    decoding: dict = field(default_factory=dict)  # DecodingOptions keywords; None = the server's default
+    timeout: float | None = None  # deadline of each call in seconds
+    options: pb.DecodingOptions = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        # Built once, so a misspelt or mistyped option fails the run at start rather than on every call.
+        self.options = options(**self.decoding)
+
+    def request(self, rng: random.Random) -> pb.GenerateRequest:
+        return pb.GenerateRequest(input=rng.choice(self.sources), options=self.options)

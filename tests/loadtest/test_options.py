@@ -1,0 +1,42 @@
+"""Decoding options have one name from the proto to the client, `seqserve generate` and `seqserve loadtest`."""
+from __future__ import annotations
+
+import pytest
+
+from loadtest.driver import LoadTest, parse_duration
+from server.cli import build_parser
+from server.client import OPTION_NAMES, decoding_from_args
+
+
+def _flags(command: str) -> set[str]:
+    sub = next(a for a in build_parser()._actions if a.dest == "command").choices[command]
+    return {flag for action in sub._actions for flag in action.option_strings}
+
+
+def test_generate_and_loadtest_take_the_protos_option_names():
+    proto_flags = {"--" + name.replace("_", "-") for name in OPTION_NAMES}
+    assert proto_flags <= _flags("generate") and proto_flags <= _flags("loadtest")
+    args = build_parser().parse_args(["loadtest", "--max-new-tokens", "5", "--stop", "a", "--stop", "b",
+                                      "--temperature", "0.5"])
+    assert decoding_from_args(args) == {"max_new_tokens": 5, "min_new_tokens": None, "temperature": 0.5,
+                                        "top_k": None, "top_p": None, "repetition_penalty": None,
+                                        "stop": ["a", "b"], "seed": None}
+
+
+def test_web_ui_strings_become_typed_options():
+    class Form:  # locust's web UI hands custom parameters back as strings, "" when left empty
+        max_new_tokens, min_new_tokens, temperature, top_k, top_p, repetition_penalty, stop, seed = \
+            "7", "", "0.5", "", "", "", "END", ""
+
+    assert {k: v for k, v in decoding_from_args(Form).items() if v is not None} == \
+        {"max_new_tokens": 7, "temperature": 0.5, "stop": ["END"]}
+
+
+def test_locust_command_line_carries_the_options(tmp_path):
+    test = LoadTest(target="h:1", heldout=tmp_path / "heldout.tsv", users=2, duration_s=parse_duration("1m5s"),
+                    decoding={"max_new_tokens": 4, "stop": ["-", "x"], "seed": None})
+    argv = test.locust_argv(tmp_path)
+    assert argv[argv.index("--run-time") + 1] == "65s"
+    assert {"--max-new-tokens=4", "--stop=-", "--stop=x"} <= set(argv) and not any("seed" in a for a in argv)
+    with pytest.raises(ValueError, match="duration"):
+        parse_duration("5 minutes")
