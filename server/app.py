@@ -52,8 +52,9 @@ class App:
             self.runner, self.engine = runner, engine
             self.service.open(engine, tokenizer, limits, self._model_info(runner))
             await self._set_health(health_pb2.HealthCheckResponse.SERVING)
-            log.info("serving %s on %s:%d (%s, %s); metrics on port %s", self.settings.bundle, self.settings.host,
-                     self.port, runner.provider, runner.variant, self.metrics_port)
+            log.info("serving %s on %s:%d (%s, %s); %s", self.settings.bundle, self.settings.host, self.port,
+                     runner.provider, runner.variant,
+                     "metrics disabled" if self.metrics_port is None else f"metrics on port {self.metrics_port}")
         except BaseException:
             await self.close(grace=0)
             raise

@@ -44,7 +44,8 @@ class Device:
         self.cfg = cfg
         self.provider = self._choose_provider()
         self.ort_device = "cuda" if self.provider == CUDA else "cpu"
-        log.info("onnxruntime %s: execution provider %s", ort.__version__, self.provider)
+        log.info("onnxruntime %s: %s execution provider %s", ort.__version__,
+                 "trying" if self.provider == CUDA and cfg.device == "auto" else "using", self.provider)
 
     def _choose_provider(self) -> str:
         available = ort.get_available_providers()
@@ -52,9 +53,9 @@ class Device:
             if self.cfg.device == "cuda":
                 raise RuntimeError(f"--device cuda: onnxruntime {ort.__version__} offers only {available}")
             return CPU
-        # onnxruntime-gpu lists CUDA even without its libraries; its loader errors would be printed at the
-        # default severity, so quieten them and report the outcome ourselves (see session()).
-        ort.set_default_logger_severity(3 if self.cfg.device == "auto" else 2)
+        # onnxruntime-gpu lists CUDA even without its libraries; under auto its loader error is expected on CPU
+        # machines, so only fatal messages pass and session() reports the fallback (--device cuda shows the reason).
+        ort.set_default_logger_severity(4 if self.cfg.device == "auto" else 2)
         return CUDA  # confirmed (or refused) when the first session is created
 
     def session(self, path: Path) -> ort.InferenceSession:
@@ -70,7 +71,8 @@ class Device:
         if actual != self.provider:  # CUDA listed by onnxruntime-gpu, but its libraries or GPU are missing
             if self.cfg.device == "cuda":
                 raise RuntimeError(f"--device cuda: onnxruntime could not create {CUDA} (got {actual})")
-            log.warning("%s unavailable, falling back to %s", self.provider, actual)
+            log.warning("%s unavailable, falling back to %s (--device cuda prints onnxruntime's reason)",
+                        self.provider, actual)
             self.provider, self.ort_device = actual, "cpu"
         return session
 
