@@ -14,6 +14,30 @@ def heldout(tiny_bundle) -> list[tuple[str, str]]:
 
 
 @pytest.fixture(scope="session")
+def reference(tiny_checkpoint, served):
+    """source -> (token ids, text) of PyTorch's reference greedy decoding at the server's default max_new_tokens.
+
+    The oracle for the server's greedy outputs (DESIGN.md oracles 2-3): the tiny model copies most held-out
+    lines but not all, so its held-out targets are not.
+    """
+    from model.checkpoint import load_checkpoint
+    from model.decoding import greedy_decode
+    from seqserve.v1 import seqserve_pb2 as pb
+
+    model, tok = load_checkpoint(tiny_checkpoint)
+    max_new = served.stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=10).limits.default_max_new_tokens
+    cache: dict[str, tuple[list[int], str]] = {}
+
+    def decode(source: str) -> tuple[list[int], str]:
+        if source not in cache:
+            ids = greedy_decode(model, [tok.encode(source).ids], max_new)[0]
+            cache[source] = ids, tok.decode(ids, skip_special_tokens=True)
+        return cache[source]
+
+    return decode
+
+
+@pytest.fixture(scope="session")
 def served(tiny_bundle):
     """The shared server for tests that only need a healthy one (they must leave it idle)."""
     s = Served(tiny_bundle).wait_ready()
