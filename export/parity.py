@@ -17,6 +17,7 @@ from export.quality import BATCH, CPU, generate, heldout_pairs, teacher_forced
 from export.verify import Check
 from model.checkpoint import load_checkpoint
 from model.decoding import greedy_decode, pad_batch
+from server.device import RuntimeConfig
 from server.runner import Runner
 
 ATOL = RTOL = 1e-4
@@ -43,7 +44,7 @@ class MaxDiff:
 
 
 @torch.no_grad()
-def torch_parity(bundle: Path, checkpoint: Path, n: int) -> list[Check]:
+def torch_parity(bundle: Path, checkpoint: Path, n: int, runtime: RuntimeConfig = CPU) -> list[Check]:
     model, tok = load_checkpoint(checkpoint)
     manifest = load_manifest(bundle)
     if model.cfg.to_dict() != manifest.model:
@@ -52,7 +53,7 @@ def torch_parity(bundle: Path, checkpoint: Path, n: int) -> list[Check]:
     if not sources:
         return [Check("onnxruntime vs PyTorch", "-", "the bundle has no held-out split", "-", False)]
     encoder, decoder = ort_io.cpu_session(bundle / names.ENCODER_FILE), ort_io.cpu_session(bundle / names.DECODER_FILE)
-    runner = Runner(bundle, CPU, "fp32")
+    runner = Runner(bundle, runtime, "fp32")
     enc, step, forced = MaxDiff(), MaxDiff(), MaxDiff()
     reference: list[list[int]] = []
     for start in range(0, len(sources), BATCH):
@@ -76,8 +77,9 @@ def torch_parity(bundle: Path, checkpoint: Path, n: int) -> list[Check]:
     engine = generate(runner, tok, sources, manifest.max_new_tokens)
     same = sum(r.output_ids == want for r, want in zip(engine, reference))
     return (enc.rows("encoder vs torch") + step.rows("decoder step vs torch")
-            + forced.rows("teacher forcing: cached ORT steps vs torch forward")
-            + [Check("greedy tokens: engine vs torch", "fp32", f"{same}/{len(sources)} sequences identical",
+            + forced.rows(f"teacher forcing: cached ORT steps ({runner.provider}) vs torch forward")
+            + [Check(f"greedy tokens: engine ({runner.provider}) vs torch", "fp32",
+                     f"{same}/{len(sources)} sequences identical",
                      "all", same == len(sources))])
 
 

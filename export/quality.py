@@ -93,7 +93,8 @@ def exact_match(requests: list[Request], references: list[str]) -> float:
     return sum(r.text == ref for r, ref in zip(requests, references)) / max(1, len(references))
 
 
-def measure_quality(bundle: str | Path, variants: list[str], n: int = QUALITY_N, progress: bool = True) -> dict:
+def measure_quality(bundle: str | Path, variants: list[str], n: int = QUALITY_N, progress: bool = True,
+                    runtime: RuntimeConfig = CPU) -> dict:
     """{variant: quality entry} for fp32 and the given variants; warns loudly on stderr about a lossy variant."""
     bundle = Path(bundle)
     manifest = load_manifest(bundle)
@@ -104,7 +105,7 @@ def measure_quality(bundle: str | Path, variants: list[str], n: int = QUALITY_N,
     sources, references = [tok.encode(s).ids for s, _ in pairs], [t for _, t in pairs]
     eos = manifest.special_tokens["eos_id"]
     bar = tqdm(total=1 + len(variants), desc="quality", unit="variant", disable=not progress, file=sys.stderr)
-    runner = Runner(bundle, CPU, "fp32")
+    runner = Runner(bundle, runtime, "fp32")
     reference = generate(runner, tok, sources, manifest.max_new_tokens)
     targets = forced_targets(reference, eos)
     ref_top1, finite = top1(runner, sources, targets)
@@ -112,7 +113,7 @@ def measure_quality(bundle: str | Path, variants: list[str], n: int = QUALITY_N,
     results = {"fp32": fp32}
     bar.update(1)
     for variant in variants:
-        runner = Runner(bundle, CPU, variant)
+        runner = Runner(bundle, runtime, variant)
         em = exact_match(generate(runner, tok, sources, manifest.max_new_tokens), references)
         got, finite = top1(runner, sources, targets)
         agree = sum(int((a == b).sum()) for a, b in zip(got, ref_top1))

@@ -17,6 +17,7 @@ from export import ort_io
 from export import variants as vr
 from export.manifest import MANIFEST, BundleError, Manifest, listed_files, load_manifest
 from export.quality import CPU, MAX_EXACT_MATCH_DROP, MIN_TOP1, QUALITY_N, measure_quality
+from server.device import RuntimeConfig
 from server.runner import Runner
 
 PARITY_N = 256  # held-out lines compared with PyTorch
@@ -32,8 +33,13 @@ class Check:
 
 
 def verify(bundle: str | Path, checkpoint: str | Path | None = None, n: int = PARITY_N,
-           quality_n: int = QUALITY_N, progress: bool = True) -> tuple[list[Check], list[str]]:
-    """Runs every check that applies; returns the table's rows and the skipped checks with their reason."""
+           quality_n: int = QUALITY_N, progress: bool = True,
+           runtime: RuntimeConfig = CPU) -> tuple[list[Check], list[str]]:
+    """Runs every check that applies; returns the table's rows and the skipped checks with their reason.
+
+    runtime is where the server's own pieces (Runner, Engine) run: `--device cuda` checks the CUDA provider's
+    outputs against PyTorch and the variants there; the plain graph checks always use the CPU provider.
+    """
     bundle = Path(bundle)
     try:
         manifest = load_manifest(bundle)
@@ -44,11 +50,12 @@ def verify(bundle: str | Path, checkpoint: str | Path | None = None, n: int = PA
     variants = list(manifest.variants)
     bar = tqdm(total=2 + bool(checkpoint), desc="verify", unit="stage", disable=not progress, file=sys.stderr)
     bar.set_postfix_str("graphs")
-    rows += [_graphs_load(bundle, variant) for variant in variants]
+    rows += [_graphs_load(bundle, variant, runtime) for variant in variants]
     rows += [_nan_check(bundle, manifest, variant) for variant in variants]
     bar.update(1)
     bar.set_postfix_str("variants vs fp32")
-    rows += _quality_rows(measure_quality(bundle, [v for v in variants if v != "fp32"], quality_n, progress=False))
+    rows += _quality_rows(measure_quality(bundle, [v for v in variants if v != "fp32"], quality_n, progress=False,
+                                          runtime=runtime))
     bar.update(1)
     skipped = []
     if checkpoint is None:
@@ -58,19 +65,19 @@ def verify(bundle: str | Path, checkpoint: str | Path | None = None, n: int = PA
         bar.set_postfix_str("onnxruntime vs PyTorch")
         from export.parity import torch_parity  # torch only when asked for
 
-        rows += torch_parity(bundle, Path(checkpoint), n)
+        rows += torch_parity(bundle, Path(checkpoint), n, runtime)
         bar.update(1)
     bar.close()
     return rows, skipped
 
 
-def _graphs_load(bundle: Path, variant: str) -> Check:
-    """The server's own loader: CPU sessions whose inputs/outputs match the manifest."""
+def _graphs_load(bundle: Path, variant: str, runtime: RuntimeConfig) -> Check:
+    """The server's own loader: sessions on the runtime's provider whose inputs/outputs match the manifest."""
     try:
-        Runner(bundle, CPU, variant)
-        return Check("graphs load (CPU provider)", variant, "inputs/outputs match manifest", "-", True)
+        runner = Runner(bundle, runtime, variant)
+        return Check(f"graphs load ({runner.provider})", variant, "inputs/outputs match manifest", "-", True)
     except Exception as exc:  # a refusal is a failed row, not a crash of the whole table
-        return Check("graphs load (CPU provider)", variant, str(exc), "-", False)
+        return Check(f"graphs load (--device {runtime.device})", variant, str(exc), "-", False)
 
 
 def _nan_check(bundle: Path, manifest: Manifest, variant: str) -> Check:
@@ -114,8 +121,8 @@ def format_table(rows: list[Check], skipped: list[str]) -> str:
 
 
 def main(bundle: str, checkpoint: str | None, n: int, quality_n: int, progress: bool = True,
-         stream: TextIO | None = None) -> int:
+         stream: TextIO | None = None, device: str = "cpu") -> int:
     """Prints the table; 1 when any tolerance is broken (or the bundle is refused), 0 otherwise."""
-    rows, skipped = verify(bundle, checkpoint, n, quality_n, progress)
+    rows, skipped = verify(bundle, checkpoint, n, quality_n, progress, RuntimeConfig(device=device))
     print(format_table(rows, skipped), file=stream or sys.stdout)
     return 0 if all(r.ok for r in rows) else 1

@@ -26,15 +26,18 @@ from loadtest.bench_config import BenchConfig, from_args
 from loadtest.bench_rows import (CTRANSLATE2, ENGINE, PYTORCH_KV_CACHE, PYTORCH_NO_CACHE, RowRun, RowSpec, Workload,
                                  run_row)
 
-PRECISIONS = ("fp32", "int8")
+# Each device's precisions: dynamic int8 is a CPU variant (the CUDA provider runs its integer ops on the host),
+# fp16 a GPU one (the CPU provider casts most float16 ops back to float32). auto runs whichever the bundle has.
+PRECISIONS = {"cpu": ("fp32", "int8"), "cuda": ("fp32", "fp16"), "auto": ("fp32", "int8", "fp16")}
+CT2_PRECISIONS = {"cpu": ("fp32", "int8"), "cuda": ("fp32", "int8", "fp16"), "auto": ("fp32", "int8")}
 
 
 def plan(cfg: BenchConfig, variants: list[str], with_ctranslate2: bool) -> list[RowSpec]:
     rows = [RowSpec(backend, "fp32", b) for backend in (PYTORCH_NO_CACHE, PYTORCH_KV_CACHE)
             for b in cfg.torch_batch_sizes]
-    rows += [RowSpec(ENGINE, p, b) for p in PRECISIONS if p in variants for b in cfg.batch_sizes]
+    rows += [RowSpec(ENGINE, p, b) for p in PRECISIONS[cfg.device] if p in variants for b in cfg.batch_sizes]
     if with_ctranslate2:
-        rows += [RowSpec(CTRANSLATE2, p, b) for p in PRECISIONS for b in cfg.batch_sizes]
+        rows += [RowSpec(CTRANSLATE2, p, b) for p in CT2_PRECISIONS[cfg.device] for b in cfg.batch_sizes]
     return rows
 
 
@@ -113,7 +116,7 @@ def bench(cfg: BenchConfig) -> dict:
         ct2 = _ctranslate2_model(cfg, stack, skipped)
         work, variants = _workload(cfg, bundle, ct2)
         skipped += [f"engine {p} rows: the bundle has no {p} variant (export with --{p})"
-                    for p in PRECISIONS if p not in variants]
+                    for p in PRECISIONS[cfg.device] if p not in variants]
         specs = plan(cfg, variants, ct2 is not None)
         machine = bench_report.machine()
         runs = run_rows(specs, work, cfg.progress)

@@ -22,7 +22,7 @@ class BenchConfig:
     torch_batch_sizes: tuple[int, ...] = (1,)  # PyTorch rows: the reference decodes one input at a time
     max_new_tokens: int | None = None  # None = the bundle's validated max_new_tokens
     threads: int = os.cpu_count() or 1  # intra-op threads, the same for every backend
-    device: str = "cpu"  # engine (onnxruntime) and CTranslate2; PyTorch rows always run on the CPU
+    device: str = "cpu"  # every backend; PyTorch rows run on CUDA when torch sees a GPU, else on the CPU
     ctranslate2: bool = True
     ctranslate2_dir: Path | None = None  # a converted model to reuse; None = convert the checkpoint on the fly
     out: Path | None = None  # JSON; None = reports/bench-<timestamp>.json
@@ -77,7 +77,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--torch-batch-sizes", type=_sizes, default=(1,), help="PyTorch rows (the reference: 1)")
     p.add_argument("--max-new-tokens", type=int, help="default: the bundle's validated max_new_tokens")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="intra-op threads for every backend")
-    p.add_argument("--device", choices=DEVICES, default="cpu", help="engine and CTranslate2 (PyTorch: CPU)")
+    p.add_argument("--device", choices=DEVICES, default="cpu", help="every backend (PyTorch: cuda only if torch sees a GPU)")
     p.add_argument("--no-ctranslate2", dest="ctranslate2", action="store_false", help="skip the CTranslate2 rows")
     p.add_argument("--ctranslate2", dest="ctranslate2_dir", metavar="DIR",
                    help="reuse a model converted by `seqserve export --ctranslate2 DIR` (default: convert on the fly)")

@@ -82,7 +82,9 @@ def _pytorch(spec: RowSpec, work: Workload) -> tuple[Generate, str]:
     from model.decoding import greedy_decode
 
     torch.set_num_threads(work.threads)
+    device = "cuda" if work.device != "cpu" and torch.cuda.is_available() else "cpu"
     model, _ = load_checkpoint(work.checkpoint)
+    model = model.to(device)
     use_cache = spec.backend == PYTORCH_KV_CACHE
 
     def generate(sources: list[list[int]], max_new_tokens: int) -> list[list[int]]:
@@ -90,7 +92,7 @@ def _pytorch(spec: RowSpec, work: Workload) -> tuple[Generate, str]:
         return [ids for i in range(0, len(sources), step)
                 for ids in greedy_decode(model, sources[i : i + step], max_new_tokens, use_cache)]
 
-    return generate, "torch-cpu"
+    return generate, f"torch-{device}"
 
 
 def _engine(spec: RowSpec, work: Workload) -> tuple[Generate, str]:

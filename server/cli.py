@@ -115,7 +115,7 @@ def _export(args: argparse.Namespace) -> int:
 def _verify(args: argparse.Namespace) -> int:
     from export.verify import main as verify
 
-    return verify(args.bundle, args.checkpoint, args.n, args.quality_n, progress=not args.quiet)
+    return verify(args.bundle, args.checkpoint, args.n, args.quality_n, progress=not args.quiet, device=args.device)
 
 
 def _add_export_commands(sub) -> None:
@@ -135,6 +135,8 @@ def _add_export_commands(sub) -> None:
     p.add_argument("--checkpoint", help="the checkpoint it was exported from: adds the PyTorch parity checks")
     p.add_argument("--n", type=int, default=256, help="held-out lines compared with PyTorch")
     p.add_argument("--quality-n", type=int, default=500, help="held-out lines for the variants vs fp32")
+    p.add_argument("--device", choices=("cpu", "cuda", "auto"), default="cpu",
+                   help="where the engine runs for the parity and variant checks (cuda: the GPU serving path)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_verify)
 

@@ -5,6 +5,8 @@ tests run the very IO-binding path the GPU uses.
 """
 from __future__ import annotations
 
+import contextlib
+import io
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,6 +58,7 @@ class Device:
         # onnxruntime-gpu lists CUDA even without its libraries; under auto its loader error is expected on CPU
         # machines, so only fatal messages pass and session() reports the fallback (--device cuda shows the reason).
         ort.set_default_logger_severity(4 if self.cfg.device == "auto" else 2)
+        _preload_cuda_libraries(quiet=self.cfg.device == "auto")
         return CUDA  # confirmed (or refused) when the first session is created
 
     def session(self, path: Path) -> ort.InferenceSession:
@@ -84,3 +87,18 @@ class Device:
     def get(value: ort.OrtValue) -> np.ndarray:
         """OrtValue -> host array (a view on CPU, a copy from the GPU)."""
         return value.numpy()
+
+
+def _preload_cuda_libraries(quiet: bool) -> None:
+    """Loads CUDA from pip's nvidia-* wheels (`onnxruntime-gpu[cuda,cudnn]`), which are not on the loader's path.
+
+    A system CUDA on LD_LIBRARY_PATH is found either way; under auto a CPU machine's misses are not printed.
+    """
+    preload = getattr(ort, "preload_dlls", None)
+    if preload is None:
+        return
+    with contextlib.redirect_stdout(io.StringIO()) if quiet else contextlib.nullcontext():
+        try:
+            preload()
+        except Exception as exc:  # a failed preload only means session() falls back or reports the missing library
+            log.debug("onnxruntime.preload_dlls failed: %s", exc)

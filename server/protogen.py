@@ -1,6 +1,6 @@
 """Generates the Python gRPC stubs from protos/ with grpcio-tools: `python -m server.protogen` (or `make protos`).
 
-The generated files are committed and never hand-edited; tests/server/test_protos.py regenerates them into a
+The generated files are committed and never hand-edited; tests/server/test_stubs.py regenerates them into a
 temporary directory and fails when the committed ones differ.
 """
 from __future__ import annotations

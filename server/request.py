@@ -94,11 +94,6 @@ class Request:
     def n_input_tokens(self) -> int:
         return len(self.input_ids)
 
-    @property
-    def kv_tokens(self) -> int:
-        """Worst-case cache slots this row may hold: its source plus every token it may generate."""
-        return len(self.input_ids) + self.params.max_new_tokens
-
     def finish(self, reason: FinishReason, now: float) -> None:
         self.status = RequestStatus.FINISHED
         self.finish_reason = reason

@@ -16,8 +16,9 @@ from server.request import FinishReason, Request, RequestStatus
 class SchedulerConfig:
     max_batch_size: int = 32  # rows in one decoder step
     max_waiting: int = 256  # queued requests beyond which new ones get RESOURCE_EXHAUSTED
-    # Cache budget in token slots: admission reserves source length + max_new_tokens per row (the worst case),
-    # so a running row can never be evicted for lack of cache.
+    # Cache budget in token slots (per layer and K/V; bytes = slots x 2 x layers x d_model x 4). The cache is one
+    # padded batch, so admission bounds its worst case: rows x (longest source + largest max_new_tokens). A running
+    # row can then never be evicted for lack of cache.
     max_kv_tokens: int = 65_536
 
 
@@ -69,16 +70,14 @@ class Scheduler:
 
     def _admit(self, kept: list[Request], now: float) -> list[Request]:
         admitted: list[Request] = []
-        reserved = sum(r.kv_tokens for r in kept)
         with self._lock:
             self._drop_abandoned(now)
             while self.waiting and len(kept) + len(admitted) < self.cfg.max_batch_size:
                 head = self.waiting[0]
-                if reserved + head.kv_tokens > self.cfg.max_kv_tokens and (kept or admitted):
-                    break  # FCFS: the head waits for cache rather than being overtaken
+                if padded_kv_tokens(kept + admitted + [head]) > self.cfg.max_kv_tokens and (kept or admitted):
+                    break  # FCFS: the head waits for cache rather than being overtaken (alone, it always runs)
                 self.waiting.popleft()
                 head.status, head.scheduled_at = RequestStatus.RUNNING, now
-                reserved += head.kv_tokens
                 admitted.append(head)
         return admitted
 
@@ -99,3 +98,11 @@ class Scheduler:
         with self._lock:
             while self.waiting:
                 self.waiting.popleft().finish(reason, now)
+
+
+def padded_kv_tokens(rows: list[Request]) -> int:
+    """The most cache slots these rows can ever occupy together: the runner pads every row to the longest source,
+    and the self-attention past is as long as the oldest row's age, which never exceeds its max_new_tokens."""
+    if not rows:
+        return 0
+    return len(rows) * (max(r.n_input_tokens for r in rows) + max(r.params.max_new_tokens for r in rows))

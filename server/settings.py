@@ -39,7 +39,8 @@ class Settings:
     allow_spinning: bool = _opt(True, "let idle onnxruntime threads spin (off helps on shared cores)", type=bool)
     max_batch_size: int = _opt(32, "rows in one decoder step", type=int)
     max_waiting: int = _opt(256, "queued requests beyond which calls get RESOURCE_EXHAUSTED", type=int)
-    max_kv_tokens: int = _opt(65_536, "KV-cache budget in token slots (source + max_new_tokens per row)", type=int)
+    max_kv_tokens: int = _opt(65_536, "KV-cache budget in token slots: rows x (longest source + largest "
+                                      "max_new_tokens) stays within it", type=int)
     max_input_tokens: int | None = _opt(None, "longest input in tokens (default: the model's max_positions)",
                                         type=int)
     max_new_tokens: int | None = _opt(None, "largest max_new_tokens a request may ask (default: the bundle's)",

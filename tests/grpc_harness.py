@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import time
 from pathlib import Path
@@ -14,11 +15,16 @@ from server import settings as st
 from server.app import App
 
 
+# Where served tests run onnxruntime: cpu here and in CI; SEQSERVE_TEST_DEVICE=cuda runs them on a GPU.
+DEVICE = os.environ.get("SEQSERVE_TEST_DEVICE", "cpu")
+PROVIDER = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}[DEVICE]
+
+
 class Served:
     """An App running in its own thread and event loop, as `seqserve serve` runs it, minus the signals."""
 
     def __init__(self, bundle: Path, app_class=App, **overrides) -> None:
-        values = dict(bundle=bundle, host="127.0.0.1", port=0, metrics_port=0, device="cpu",
+        values = dict(bundle=bundle, host="127.0.0.1", port=0, metrics_port=0, device=DEVICE,
                       log_level="WARNING") | overrides
         self.app = app_class(st.Settings(**values))
         self.loop = asyncio.new_event_loop()

@@ -96,3 +96,21 @@ def test_identical_share_counts_inputs_equal_to_the_reference():
     row = row_json(RowSpec("ctranslate2", "int8", 8), run, reference=[[5, 6], [7, 7], [8, 9]])
     assert row["identical_to_reference"] == pytest.approx(2 / 3)
     assert row["generated_tokens"] == 5 and row["tokens_per_s"] == 2.5 and row["mean_latency_ms_batch1"] is None
+
+
+def test_each_device_benchmarks_its_own_precisions():
+    """int8 is a CPU variant and fp16 a GPU one: a row is planned only where it means something and the bundle has it."""
+    from pathlib import Path
+
+    from loadtest.bench import plan
+    from loadtest.bench_config import BenchConfig
+
+    def planned(device: str, variants: list[str]) -> set[tuple[str, str]]:
+        cfg = BenchConfig(checkpoint=Path("ckpt"), device=device, batch_sizes=(1,))
+        return {(s.backend, s.precision) for s in plan(cfg, variants, with_ctranslate2=True)}
+
+    everything = ["fp32", "int8", "fp16"]
+    assert {p for b, p in planned("cpu", everything) if b == "seqserve-engine"} == {"fp32", "int8"}
+    assert {p for b, p in planned("cuda", everything) if b == "seqserve-engine"} == {"fp32", "fp16"}
+    assert ("ctranslate2", "fp16") in planned("cuda", everything)
+    assert {p for b, p in planned("cuda", ["fp32"]) if b == "seqserve-engine"} == {"fp32"}

@@ -63,8 +63,10 @@ def test_cancel_mid_stream_frees_the_slot(make_server, heldout):
     stream = s.stub.GenerateStream(request(heldout[0][0], **LONG), timeout=60)
     next(stream)
     wait_for(lambda: s.metric("seqserve_running_requests") == 1, what="the row in the batch")
+    wait_for(lambda: s.metric("seqserve_kv_cache_bytes") > 0, what="the row's cache counted")
     stream.cancel()
     wait_for(lambda: s.metric("seqserve_running_requests") == 0, what="the cancelled row to leave the batch")
+    wait_for(lambda: s.metric("seqserve_kv_cache_bytes") == 0, what="its cache freed with it")
     wait_for(lambda: s.metric("seqserve_finished_requests_total", reason="cancelled") == 1, what="cancelled count")
     wait_for(lambda: s.metric("seqserve_requests_total", method="GenerateStream", code="CANCELLED") == 1,
              what="the call counted as CANCELLED")

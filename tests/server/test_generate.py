@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
-from grpc_harness import request, wait_for
+from grpc_harness import PROVIDER, request, wait_for
 from seqserve.v1 import seqserve_pb2 as pb
 
 SAMPLING = dict(temperature=3.0, seed=1234)  # hot enough that the tiny, confident model really samples
@@ -100,7 +100,7 @@ def test_unset_seed_is_chosen_by_the_server_and_reproduces(served, heldout):
 
 def test_model_info(served):
     info = served.stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=10)
-    assert info.execution_provider == "CPUExecutionProvider" and info.variant == "fp32"
+    assert info.execution_provider == PROVIDER and info.variant == "fp32"
     assert info.bundle_format_version == 1 and info.onnxruntime_version
     assert int(info.config["d_model"]) > 0
     assert info.limits.max_new_tokens > 0 and info.limits.max_input_tokens == int(info.config["max_positions"])

@@ -16,7 +16,7 @@ from google.protobuf.descriptor_pool import DescriptorPool
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 
-from grpc_harness import request, wait_for
+from grpc_harness import PROVIDER, request, wait_for
 from seqserve.v1 import seqserve_pb2 as pb
 from seqserve.v1 import seqserve_pb2_grpc as pb_grpc
 from server.app import App
@@ -72,7 +72,8 @@ def test_reflection_lists_and_describes_the_service(served):
 def test_metric_values_move_as_requests_complete(served, heldout):
     names = ["seqserve_input_tokens_total", "seqserve_generated_tokens_total",
              "seqserve_encoder_duration_seconds_count", "seqserve_decoder_step_duration_seconds_count",
-             "seqserve_time_to_first_token_seconds_count", "seqserve_queue_duration_seconds_count"]
+             "seqserve_time_to_first_token_seconds_count", "seqserve_queue_duration_seconds_count",
+             "seqserve_inter_token_latency_seconds_count"]
     before = {n: served.metric(n) for n in names}
     requests_before = served.metric("seqserve_requests_total", method="Generate", code="OK")
     duration_before = served.metric("seqserve_request_duration_seconds_count", method="Generate")
@@ -90,7 +91,7 @@ def test_metric_values_move_as_requests_complete(served, heldout):
     assert served.metric("seqserve_finished_requests_total", reason="eos") == eos_before + 1
     assert served.metric("seqserve_running_requests") == 0
     text = urllib.request.urlopen(f"http://127.0.0.1:{served.app.metrics_port}/metrics", timeout=10).read().decode()
-    assert re.search(r'seqserve_model_info\{[^}]*provider="CPUExecutionProvider"[^}]*variant="fp32"', text)
+    assert re.search(rf'seqserve_model_info\{{[^}}]*provider="{PROVIDER}"[^}}]*variant="fp32"', text)
     assert 'seqserve_requests_total{code="OK",method="Generate"}' in text
 
 

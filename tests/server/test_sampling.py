@@ -1,0 +1,67 @@
+"""Next-token choice on hand-made logits: each decoding option changes exactly what it names."""
+from __future__ import annotations
+
+import numpy as np
+
+from server.request import Request, SamplingParams
+from server.sampling import next_tokens, sample_row
+
+EOS = 0
+PROBS = np.array([0.05, 0.5, 0.3, 0.15])  # token 1 most likely, then 2, 3, and the end token 0
+
+
+def draws(n: int = 400, output_ids: tuple[int, ...] = (), logits: np.ndarray = np.log(PROBS), **options) -> set[int]:
+    """The tokens chosen over n independently seeded requests."""
+    chosen = set()
+    for seed in range(n):
+        request = Request(input_ids=[5], params=SamplingParams(seed=seed, **options), output_ids=list(output_ids))
+        chosen.add(sample_row(logits.astype(np.float32), request, EOS))
+    return chosen
+
+
+def test_temperature_samples_every_token_and_greedy_only_the_best():
+    assert draws(temperature=1.0) == {0, 1, 2, 3}
+    assert draws(temperature=0.0, repetition_penalty=1.01) == {1}  # temperature 0 is argmax even on the slow path
+
+
+def test_top_k_keeps_the_k_most_likely():
+    assert draws(temperature=1.0, top_k=2) == {1, 2}
+    assert draws(temperature=5.0, top_k=1) == {1}
+
+
+def test_top_p_keeps_the_smallest_set_reaching_p():
+    assert draws(temperature=1.0, top_p=0.5) == {1}  # 0.5 alone reaches 0.5
+    assert draws(temperature=1.0, top_p=0.7) == {1, 2}  # 0.5 + 0.3
+    assert draws(temperature=1.0, top_p=0.9) == {1, 2, 3}
+
+
+def test_repetition_penalty_divides_positive_and_multiplies_negative_logits_of_seen_tokens():
+    logits = np.array([-5.0, 2.0, 1.5, -1.0])
+    assert draws(1, logits=logits, repetition_penalty=1.0001, output_ids=(1,)) == {1}
+    assert draws(1, logits=logits, repetition_penalty=2.0, output_ids=(1,)) == {2}  # 2.0 / 2 < 1.5
+    negative = np.array([-5.0, -1.0, -1.5, -9.0])
+    assert draws(1, logits=negative, repetition_penalty=2.0, output_ids=(1,)) == {2}  # -1.0 * 2 < -1.5
+
+
+def test_min_new_tokens_suppresses_the_end_token_until_reached():
+    eos_first = np.log(np.array([0.9, 0.05, 0.03, 0.02]))
+    assert draws(1, logits=eos_first, min_new_tokens=2, output_ids=(1,)) == {1}
+    assert draws(1, logits=eos_first, min_new_tokens=2, output_ids=(1, 2)) == {EOS}
+
+
+def test_a_seeded_request_draws_the_same_tokens_whatever_its_batch_mates():
+    logits = np.log(np.tile(PROBS, (3, 1))).astype(np.float32)  # (B, V)
+
+    def run(batch: list[Request], steps: int = 12) -> None:
+        for _ in range(steps):
+            for request, token in zip(batch, next_tokens(logits[: len(batch)].copy(), batch, EOS).tolist()):
+                request.output_ids.append(token)
+
+    options = SamplingParams(temperature=1.0, seed=7)
+    alone = Request(input_ids=[5], params=options)
+    run([alone])
+    mates = [Request(input_ids=[5], params=SamplingParams(temperature=2.0, seed=1)), Request(input_ids=[6],
+             params=SamplingParams()), Request(input_ids=[5], params=options)]
+    run(mates)
+    assert mates[2].output_ids == alone.output_ids and len(set(alone.output_ids)) > 1
+    assert mates[1].output_ids == [1] * 12  # the greedy mate takes the argmax every step
