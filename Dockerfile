@@ -31,6 +31,7 @@ CMD ["seqserve", "serve"]
 
 FROM serve AS serve-gpu
 USER root
+# The CUDA libraries come as nvidia-* wheels beside onnxruntime; server/device.py loads them (onnxruntime.preload_dlls).
 RUN pip install "onnxruntime-gpu[cuda,cudnn]==1.31.1"
 USER seqserve
 ENV SEQSERVE_DEVICE=cuda

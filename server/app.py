@@ -90,7 +90,8 @@ class App:
         manifest = load_manifest(s.bundle)
         limits = s.limits(int(manifest.model["max_positions"]), int(manifest.max_new_tokens))
         runtime = RuntimeConfig(device=s.device, intra_op_threads=s.intra_op_threads,
-                                inter_op_threads=s.inter_op_threads, allow_spinning=s.allow_spinning)
+                                inter_op_threads=s.inter_op_threads, allow_spinning=s.allow_spinning,
+                                cuda_tf32=s.cuda_tf32)
         runner = Runner(s.bundle, runtime, s.variant)
         tokenizer = load_tokenizer(s.bundle / manifest.tokenizer["file"])
         scheduler = Scheduler(SchedulerConfig(s.max_batch_size, s.max_waiting, s.max_kv_tokens))

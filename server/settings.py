@@ -37,6 +37,7 @@ class Settings:
     intra_op_threads: int = _opt(0, "onnxruntime intra-op threads (0 = one per core)", type=int)
     inter_op_threads: int = _opt(1, "onnxruntime inter-op threads", type=int)
     allow_spinning: bool = _opt(True, "let idle onnxruntime threads spin (off helps on shared cores)", type=bool)
+    cuda_tf32: bool = _opt(False, "CUDA: TF32 tensor-core matmuls for fp32 (faster, ~1e-2 logit error)", type=bool)
     max_batch_size: int = _opt(32, "rows in one decoder step", type=int)
     max_waiting: int = _opt(256, "queued requests beyond which calls get RESOURCE_EXHAUSTED", type=int)
     max_kv_tokens: int = _opt(65_536, "KV-cache budget in token slots: rows x (longest source + largest "

@@ -41,7 +41,7 @@ def test_rows_joining_and_leaving_equal_each_row_alone(tiny_bundle):
                  bos=special["bos_id"])
     rows = {name: Alone(encoder, decoder, [int(x) for x in rng.integers(4, cfg["vocab_size"], n)] + [special["eos_id"]],
                         **shape) for name, n in (("a", 9), ("b", 2), ("c", 14), ("d", 0))}
-    joins = {0: ["a", "b"], 3: ["c"], 5: ["d"]}  # step -> rows admitted before it
+    joins = {0: ["a"], 1: ["b"], 3: ["c"], 5: ["d"]}  # step -> rows admitted before it
     leaves = {5: ["a"], 7: ["c"]}  # step -> rows retired before it
     widths = []
     for t in range(10):
@@ -56,5 +56,5 @@ def test_rows_joining_and_leaving_equal_each_row_alone(tiny_bundle):
             want = alone[id(request)].step()
             np.testing.assert_allclose(logits[i], want, atol=1e-4, rtol=0)
             request.output_ids.append(int(want.argmax()))
-    assert [len(rows[n].request.output_ids) for n in "abcd"] == [5, 10, 4, 5]
-    assert widths[5] < widths[4] + 1  # a leaving trimmed the columns nobody uses any more
+    assert [len(rows[n].request.output_ids) for n in "abcd"] == [5, 9, 4, 5]
+    assert widths[:5] == [1, 2, 3, 4, 5] and widths[5] == 5  # a's leaving trimmed the column only it used
