@@ -50,12 +50,17 @@ class Engine:
             self.metrics.encoder_duration.observe(encode_s)
         if not plan.running:
             return
-        rows = plan.running
-        last = np.array([r.output_ids[-1] if r.output_ids else self.bos_id for r in rows], np.int64)  # (B,)
-        positions = np.array([len(r.output_ids) for r in rows], np.int64)  # (B,) each row's own position
+        slots = self.runner.slots  # the running rows, in the cache's order, and None for free slots
+        last = np.array([r.output_ids[-1] if r is not None and r.output_ids else self.bos_id
+                         for r in slots], np.int64)  # (B,)
+        positions = np.array([len(r.output_ids) if r is not None else 0 for r in slots], np.int64)  # (B,) per row
         start = time.perf_counter()
         logits = self.runner.step(last, positions)  # (B, V)
         self.metrics.decoder_step_duration.observe(time.perf_counter() - start)
+        live = [i for i, r in enumerate(slots) if r is not None]
+        rows = [slots[i] for i in live]
+        if len(live) < len(slots):
+            logits = logits[live]  # (B_live, V)
         self.metrics.batch_rows.observe(len(rows))
         self._update(rows, next_tokens(logits, rows, self.eos_id))
 

@@ -39,7 +39,7 @@ class Runner:
         cfg = self.manifest.model
         self.pad_id = self.manifest.special_tokens["pad_id"]
         self.cache = KVCache(self.device, cfg["n_decoder_layers"], cfg["n_heads"], cfg["d_model"] // cfg["n_heads"])
-        self.rows: list[Request] = []  # the cache's row order
+        self.slots: list[Request | None] = []  # the cache's rows: a request, or None for a free slot
         n = cfg["n_decoder_layers"]
         self._past_names = [names.past_input(i, k) for i in range(n) for k in names.KINDS]
         self._cross_names = [names.cross_input(i, k) for i in range(n) for k in names.KINDS]
@@ -55,20 +55,42 @@ class Runner:
     def provider(self) -> str:
         return self.device.provider
 
+    @property
+    def rows(self) -> list[Request]:
+        """The live rows, in slot order."""
+        return [r for r in self.slots if r is not None]
+
     def update(self, retired: list[Request], admitted: list[Request]) -> float | None:
-        """Drops retired rows, encodes and appends admitted ones; returns the encoder's seconds (None if idle)."""
+        """Frees retired rows' slots, encodes admitted rows into free slots (or new ones), and shrinks the cache
+        when it pays; returns the encoder's seconds (None if nothing was admitted)."""
         if retired:
             gone = {id(r) for r in retired}
-            keep = [i for i, r in enumerate(self.rows) if id(r) not in gone]
-            self.rows = [self.rows[i] for i in keep]
-            self.cache.filter(keep)
-        if not admitted:
-            return None
-        start = time.perf_counter()
-        cross, src_mask = self.encode([r.input_ids for r in admitted])
-        self.cache.concatenate(cross, src_mask)
-        self.rows += admitted
-        return time.perf_counter() - start
+            freed = [i for i, r in enumerate(self.slots) if r is not None and id(r) in gone]
+            for i in freed:
+                self.slots[i] = None
+            self.cache.release(freed)
+        seconds = None
+        if admitted:
+            start = time.perf_counter()
+            cross, src_mask = self.encode([r.input_ids for r in admitted])
+            free = [i for i, r in enumerate(self.slots) if r is None][: len(admitted)]
+            self.cache.admit(cross, src_mask, free)
+            for slot, request in zip(free, admitted):
+                self.slots[slot] = request
+            self.slots += admitted[len(free) :]
+            seconds = time.perf_counter() - start
+        self._shrink()
+        return seconds
+
+    def _shrink(self) -> None:
+        """Drops free slots once more than a quarter of the batch is free (nobody came to take them); otherwise
+        only trims past columns no live row uses."""
+        live = [i for i, r in enumerate(self.slots) if r is not None]
+        if 4 * (len(self.slots) - len(live)) > len(self.slots):
+            self.cache.compact(live)
+            self.slots = [self.slots[i] for i in live]
+        else:
+            self.cache.trim()
 
     def encode(self, sources: list[list[int]]) -> tuple[list[np.ndarray], np.ndarray]:
         """Right-padded sources -> cross K/V per layer (B, H, S, Dh) as host arrays, and the mask (B, S)."""
@@ -86,7 +108,9 @@ class Runner:
         return [self.device.get(v) for v in binding.get_outputs()], mask
 
     def step(self, last_tokens: np.ndarray, positions: np.ndarray) -> np.ndarray:
-        """One decoder step for every row: (B,) last ids and (B,) absolute positions -> logits (B, V) float32."""
+        """One decoder step for every slot: (B,) last ids and (B,) absolute positions -> logits (B, V) float32.
+
+        Free slots take any id and position (say pad and 0); their logits are meaningless and ignored."""
         step_mask = self.cache.step_mask()  # (B, P+1)
         binding = self.decoder.io_binding()
         binding.bind_cpu_input(names.DECODER_INPUT_IDS, np.ascontiguousarray(last_tokens.reshape(-1, 1)))

@@ -22,6 +22,9 @@ class SchedulerConfig:
     max_kv_tokens: int = 65_536
 
 
+SWEEP_SECONDS = 0.01  # how stale a waiting request's cancel or deadline may be before it is noticed
+
+
 class QueueFull(Exception):
     """The waiting queue is at max_waiting: the service answers RESOURCE_EXHAUSTED at once."""
 
@@ -29,7 +32,7 @@ class QueueFull(Exception):
 @dataclass(frozen=True)
 class Plan:
     admitted: list[Request]  # new rows: encode their sources, then they join this step
-    running: list[Request]  # this step's rows, in the runner's row order (kept rows first, then admitted)
+    running: list[Request]  # this step's rows: kept rows first, then admitted (the runner places them in slots)
     retired: list[Request]  # rows that left since the last step: free their cache
 
 
@@ -39,6 +42,7 @@ class Scheduler:
         self.waiting: collections.deque[Request] = collections.deque()
         self.running: list[Request] = []
         self._lock = threading.Lock()  # add() comes from the gRPC loop, schedule() from the engine thread
+        self._swept = float("-inf")  # when _drop_abandoned last scanned the waiting queue
 
     def add(self, request: Request) -> None:
         with self._lock:
@@ -70,19 +74,29 @@ class Scheduler:
 
     def _admit(self, kept: list[Request], now: float) -> list[Request]:
         admitted: list[Request] = []
+        rows = len(kept)
+        longest = max((r.n_input_tokens for r in kept), default=0)
+        most_new = max((r.params.max_new_tokens for r in kept), default=0)
         with self._lock:
             self._drop_abandoned(now)
-            while self.waiting and len(kept) + len(admitted) < self.cfg.max_batch_size:
+            while self.waiting and rows < self.cfg.max_batch_size:
                 head = self.waiting[0]
-                if padded_kv_tokens(kept + admitted + [head]) > self.cfg.max_kv_tokens and (kept or admitted):
+                src, new = max(longest, head.n_input_tokens), max(most_new, head.params.max_new_tokens)
+                if (rows + 1) * (src + new) > self.cfg.max_kv_tokens and rows:  # padded_kv_tokens, incrementally
                     break  # FCFS: the head waits for cache rather than being overtaken (alone, it always runs)
                 self.waiting.popleft()
                 head.status, head.scheduled_at = RequestStatus.RUNNING, now
                 admitted.append(head)
+                rows, longest, most_new = rows + 1, src, new
         return admitted
 
     def _drop_abandoned(self, now: float) -> None:
-        """Waiting requests whose client left or whose deadline passed end now, not when they reach the head."""
+        """Waiting requests whose client left or whose deadline passed end now, not when they reach the head.
+
+        The queue is swept at most every SWEEP_SECONDS: a scan per decoder step would cost more than the step."""
+        if now - self._swept < SWEEP_SECONDS and now >= self._swept:
+            return
+        self._swept = now
         if not any(r.cancelled or r.expired(now) for r in self.waiting):
             return
         alive = collections.deque()

@@ -40,21 +40,53 @@ def test_rows_joining_and_leaving_equal_each_row_alone(tiny_bundle):
     shape = dict(heads=cfg["n_heads"], head_dim=cfg["d_model"] // cfg["n_heads"], layers=cfg["n_decoder_layers"],
                  bos=special["bos_id"])
     rows = {name: Alone(encoder, decoder, [int(x) for x in rng.integers(4, cfg["vocab_size"], n)] + [special["eos_id"]],
-                        **shape) for name, n in (("a", 9), ("b", 2), ("c", 14), ("d", 0))}
-    joins = {0: ["a"], 1: ["b"], 3: ["c"], 5: ["d"]}  # step -> rows admitted before it
-    leaves = {5: ["a"], 7: ["c"]}  # step -> rows retired before it
-    widths = []
-    for t in range(10):
-        runner.update([rows[n].request for n in leaves.get(t, [])], [rows[n].request for n in joins.get(t, [])])
-        batch = runner.rows
-        last = np.array([r.output_ids[-1] if r.output_ids else special["bos_id"] for r in batch], np.int64)
-        positions = np.array([len(r.output_ids) for r in batch], np.int64)
-        logits = runner.step(last, positions)  # (B, V)
+                        **shape) for name, n in (("a", 9), ("b", 2), ("c", 14), ("d", 0), ("e", 20))}
+    joins = {0: "a", 1: "b", 3: "c", 5: "d", 12: "e"}  # step -> the row admitted before it
+    leaves = {5: "a", 7: "c", 12: "b", 14: "d"}  # step -> the row retired before it
+    slots, widths = [], []
+    for t in range(16):
+        runner.update([rows[leaves[t]].request] if t in leaves else [], [rows[joins[t]].request] if t in joins else [])
+        slots.append([next(n for n in rows if rows[n].request is r) if r else None for r in runner.slots])
+        positions = np.array([len(r.output_ids) if r else 0 for r in runner.slots], np.int64)
+        last = np.array([r.output_ids[-1] if r and r.output_ids else special["bos_id"] for r in runner.slots])
+        logits = runner.step(last, positions)  # (B, V), free slots included
         widths.append(runner.cache.past_len)
-        alone = {id(rows[n].request): rows[n] for n in rows}
-        for i, request in enumerate(batch):
-            want = alone[id(request)].step()
+        for i, request in enumerate(runner.slots):
+            if request is None:
+                continue
+            want = next(row for row in rows.values() if row.request is request).step()
             np.testing.assert_allclose(logits[i], want, atol=1e-4, rtol=0)
             request.output_ids.append(int(want.argmax()))
-    assert [len(rows[n].request.output_ids) for n in "abcd"] == [5, 9, 4, 5]
-    assert widths[:5] == [1, 2, 3, 4, 5] and widths[5] == 5  # a's leaving trimmed the column only it used
+    assert [len(rows[n].request.output_ids) for n in "abcde"] == [5, 11, 4, 9, 4]
+    assert slots[5] == ["d", "b", "c"]  # d took the slot a left: nothing was copied
+    assert slots[7] == ["d", "b"]  # c's free slot was a third of the batch: compacted away
+    assert slots[12] == ["d", "e"] and slots[14] == ["e"]
+    # Compacting also drops past columns no live row uses: a's first one at step 7, the 11 only d used at step 14.
+    assert widths == [1, 2, 3, 4, 5, 6, 7, 7, 8, 9, 10, 11, 12, 13, 3, 4]
+
+
+def test_trim_drops_leading_columns_once_half_of_the_past_is_unused():
+    from server.device import Device
+    from server.kv_cache import KVCache
+
+    device = Device(RuntimeConfig(device="cpu"))
+    cache = KVCache(device, n_layers=1, heads=1, head_dim=2)
+
+    def steps(n: int) -> None:
+        for _ in range(n):
+            p = cache.past_len
+            present = [device.put(np.concatenate([device.get(v), np.full((cache.batch, 1, 1, 2), p, np.float32)],
+                                                 axis=2)) for v in cache.past]
+            cache.advance(present, cache.step_mask())
+
+    source = [np.ones((1, 1, 3, 2), np.float32)] * 2
+    cache.admit(source, np.ones((1, 3), np.int64), into=[])  # row 0
+    steps(9)
+    cache.admit(source, np.ones((1, 3), np.int64), into=[])  # row 1 joins with 9 holes
+    steps(1)
+    cache.trim()
+    assert cache.past_len == 10  # row 0 still uses every column
+    cache.release([0])
+    cache.trim()  # row 1 uses only the last column: 9 >= MIN_TRIM unused columns, more than half
+    assert cache.past_len == 1 and cache.self_mask.tolist() == [[0], [1]]
+    assert device.get(cache.past[0])[1, 0, :, 0].tolist() == [9.0]  # the column kept is row 1's own
