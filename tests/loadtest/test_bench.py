@@ -114,3 +114,16 @@ def test_each_device_benchmarks_its_own_precisions():
     assert {p for b, p in planned("cuda", everything) if b == "seqserve-engine"} == {"fp32", "fp16"}
     assert ("ctranslate2", "fp16") in planned("cuda", everything)
     assert {p for b, p in planned("cuda", ["fp32"]) if b == "seqserve-engine"} == {"fp32"}
+
+
+def test_step_profile_times_every_operation_and_leaves_the_runner_empty(tiny_bundle, capsys):
+    from loadtest.step_profile import main as step_profile, profile
+    from server.device import RuntimeConfig
+    from server.runner import Runner
+
+    runner = Runner(tiny_bundle, RuntimeConfig(device="cpu", intra_op_threads=1))
+    ms = profile(runner, 3)
+    assert set(ms) == {"step", "encode_batch", "one_leaves", "one_joins"} and all(v > 0 for v in ms.values())
+    assert runner.rows == [] and runner.cache.batch == 0
+    assert step_profile([str(tiny_bundle), "--batch-sizes", "1,2", "--threads", "1"]) == 0
+    assert [line.split(":")[0] for line in capsys.readouterr().out.splitlines()[1:]] == ["batch    1", "batch    2"]

@@ -1,0 +1,61 @@
+"""Where a decoder step's time goes: `python -m loadtest.step_profile BUNDLE [--device cuda] [--batch-sizes 1,8,64]`.
+
+For each batch size: one decoder step for every row, the encoder for the whole batch, one row leaving and one row
+joining (the KV cache's slot operations), in milliseconds, on the server's own Runner. No torch.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+
+from server.device import RuntimeConfig
+from server.request import Request, SamplingParams
+from server.runner import Runner
+
+SOURCE = list(range(4, 20))  # 16 source tokens
+STEPS = 20
+
+
+def profile(runner: Runner, batch: int) -> dict[str, float]:
+    """Milliseconds per operation at this batch size (the runner is left empty)."""
+    rows = [Request(input_ids=SOURCE, params=SamplingParams()) for _ in range(batch)]
+    start = time.perf_counter()
+    runner.update([], rows)
+    encode = time.perf_counter() - start
+    last = np.ones(batch, np.int64)
+    for t in range(4):  # warm-up: first-run allocations stay untimed
+        runner.step(last, np.full(batch, t, np.int64))
+    start = time.perf_counter()
+    for t in range(4, 4 + STEPS):
+        runner.step(last, np.full(batch, t, np.int64))
+    step = (time.perf_counter() - start) / STEPS
+    start = time.perf_counter()
+    runner.update(rows[:1], [])
+    leave = time.perf_counter() - start
+    start = time.perf_counter()
+    runner.update([], [Request(input_ids=SOURCE, params=SamplingParams())])
+    join = time.perf_counter() - start
+    runner.update(runner.rows, [])
+    return {"step": 1e3 * step, "encode_batch": 1e3 * encode, "one_leaves": 1e3 * leave, "one_joins": 1e3 * join}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("bundle")
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda", "auto"))
+    p.add_argument("--variant", default="fp32")
+    p.add_argument("--threads", type=int, default=0, help="intra-op threads (0 = one per core)")
+    p.add_argument("--batch-sizes", default="1,8,64,256")
+    args = p.parse_args(argv)
+    runner = Runner(args.bundle, RuntimeConfig(device=args.device, intra_op_threads=args.threads), args.variant)
+    print(f"{runner.provider}, {args.variant}: milliseconds")
+    for batch in (int(b) for b in args.batch_sizes.split(",")):
+        ms = profile(runner, batch)
+        print(f"batch {batch:4}: " + "  ".join(f"{name} {value:7.2f}" for name, value in ms.items()), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
