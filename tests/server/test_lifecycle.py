@@ -62,6 +62,19 @@ def test_health_not_serving_until_warm_then_serving_then_draining(make_server, h
     assert s.metric("seqserve_rejected_requests_total", reason="not_ready") == 1
 
 
+def test_the_event_loop_answers_while_a_decoder_step_runs(make_server, heldout):
+    """Inference runs in the engine thread: a call on the event loop is answered in the middle of a 2 s step."""
+    s = make_server()
+    s.slow_down(2.0)
+    running = s.stub.Generate.future(request(heldout[0][0], max_new_tokens=2), timeout=30)
+    wait_for(lambda: s.metric("seqserve_running_requests") == 1, what="the row in the batch")
+    assert _health(s.channel) == SERVING  # within its 10 s deadline, and...
+    info = s.stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=1.0)  # ...well before the step could end
+    assert info.limits.max_new_tokens > 0 and not running.done()
+    s.slow_down(0)
+    assert running.result().usage.generated_tokens > 0
+
+
 def test_reflection_lists_and_describes_the_service(served):
     database = ProtoReflectionDescriptorDatabase(served.channel)
     assert SERVICE in database.get_services() and "grpc.health.v1.Health" in database.get_services()
