@@ -10,7 +10,8 @@ from pathlib import Path
 import ctranslate2
 from tokenizers import Tokenizer
 
-COMPUTE_TYPES = {"fp32": "float32", "int8": "int8", "fp16": "float16"}  # int8: weights quantised when the Translator loads the model
+# int8: weights quantised when the Translator loads the model; fp16 runs on CUDA only
+COMPUTE_TYPES = {"fp32": "float32", "int8": "int8", "fp16": "float16"}
 
 
 def load_translator(model_dir: str | Path, precision: str = "fp32", device: str = "cpu",
