@@ -19,7 +19,8 @@ class SchedulerConfig:
     # Cache budget in token slots (per layer and K/V; bytes = slots x 2 x layers x d_model x 4). The cache is one
     # padded batch, so admission bounds its worst case: rows x (longest source + largest max_new_tokens). A running
     # row can then never be evicted for lack of cache. Free slots and unused past columns are dropped lazily
-    # (kv_cache.py), so the cache can hold up to a third more slots and twice the past columns: leave that headroom.
+    # (kv_cache.py), so the cache can hold up to a third more slots and twice the past columns (or 8 more): leave
+    # that headroom.
     max_kv_tokens: int = 65_536
 
 
