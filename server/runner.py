@@ -79,7 +79,8 @@ class Runner:
                 self.slots[slot] = request
             self.slots += admitted[len(free) :]
             seconds = time.perf_counter() - start
-        self._shrink()
+        if retired:  # only a leaving row can leave slots free or past columns unused; admitted rows fill slots first
+            self._shrink()
         return seconds
 
     def _shrink(self) -> None:

@@ -84,7 +84,7 @@ class Scheduler:
             while self.waiting and rows < self.cfg.max_batch_size:
                 head = self.waiting[0]
                 src, new = max(longest, head.n_input_tokens), max(most_new, head.params.max_new_tokens)
-                if (rows + 1) * (src + new) > self.cfg.max_kv_tokens and rows:  # padded_kv_tokens, incrementally
+                if _padded(rows + 1, src, new) > self.cfg.max_kv_tokens and rows:
                     break  # FCFS: the head waits for cache rather than being overtaken (alone, it always runs)
                 self.waiting.popleft()
                 head.status, head.scheduled_at = RequestStatus.RUNNING, now
@@ -121,4 +121,8 @@ def padded_kv_tokens(rows: list[Request]) -> int:
     and the self-attention past is as long as the oldest row's age, which never exceeds its max_new_tokens."""
     if not rows:
         return 0
-    return len(rows) * (max(r.n_input_tokens for r in rows) + max(r.params.max_new_tokens for r in rows))
+    return _padded(len(rows), max(r.n_input_tokens for r in rows), max(r.params.max_new_tokens for r in rows))
+
+
+def _padded(rows: int, longest_source: int, most_new_tokens: int) -> int:
+    return rows * (longest_source + most_new_tokens)
