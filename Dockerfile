@@ -11,10 +11,13 @@ ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_
 WORKDIR /app
 # Only what the package build needs; tests, docs and artifacts stay out (see .dockerignore).
 COPY pyproject.toml README.md ./
+COPY contract ./contract
 COPY model ./model
 COPY export ./export
 COPY server ./server
 COPY loadtest ./loadtest
+COPY checks ./checks
+COPY cli ./cli
 COPY protos ./protos
 RUN useradd --create-home --uid 10001 seqserve
 
@@ -24,7 +27,7 @@ USER seqserve
 ENV SEQSERVE_BUNDLE=/bundle SEQSERVE_HOST=0.0.0.0 SEQSERVE_PORT=50051 SEQSERVE_METRICS_PORT=9090
 EXPOSE 50051 9090
 # The standard grpc.health.v1 check: NOT_SERVING while loading, warming up or draining.
-HEALTHCHECK --interval=10s --timeout=5s --start-period=60s --retries=3 CMD ["python", "-m", "server.healthcheck", "127.0.0.1:50051"]
+HEALTHCHECK --interval=10s --timeout=5s --start-period=60s --retries=3 CMD ["python", "-m", "seqserve.server.healthcheck", "127.0.0.1:50051"]
 # SIGTERM drains: health NOT_SERVING, new calls UNAVAILABLE, in-flight calls finish within SEQSERVE_GRACE_SECONDS.
 STOPSIGNAL SIGTERM
 CMD ["seqserve", "serve"]

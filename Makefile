@@ -41,7 +41,7 @@ serve: venv $(BUNDLE)/manifest.json
 
 # Regenerates the committed gRPC stubs from protos/ (tests/server/test_stubs.py fails when they are stale).
 protos: venv
-	$(PY) -m server.protogen
+	$(PY) -m seqserve.protogen
 
 clean:
 	rm -rf $(VENV) $(ARTIFACTS) .pytest_cache

@@ -17,12 +17,13 @@ from pathlib import Path
 import onnx
 from tqdm import tqdm
 
-from export import manifest as mf
-from export import variants as vr
-from export.names import DECODER_FILE, ENCODER_FILE
-from export.onnx_export import OPSET, export_decoder, export_encoder
-from export.quality import QUALITY_N, measure_quality
-from model import checkpoint as ck
+from seqserve.contract import manifest as mf
+from seqserve.contract import names
+from seqserve.contract.names import DECODER_FILE, ENCODER_FILE
+from seqserve.contract.tsv import HELDOUT
+from seqserve.export import variants as vr
+from seqserve.export.onnx_export import OPSET, export_decoder, export_encoder
+from seqserve.model import checkpoint as ck
 
 
 def package_versions() -> dict[str, str]:
@@ -54,9 +55,9 @@ def export_fp32(checkpoint: str | Path, out: str | Path, bar: tqdm | None = None
     ir_version = max(check_graph(out / ENCODER_FILE), check_graph(out / DECODER_FILE))
     shutil.copyfile(checkpoint / ck.TOKENIZER, out / mf.TOKENIZER)
     heldout = None
-    if (checkpoint / ck.HELDOUT).is_file():
-        shutil.copyfile(checkpoint / ck.HELDOUT, out / mf.HELDOUT)
-        heldout = mf.file_entry(out, mf.HELDOUT)
+    if (checkpoint / HELDOUT).is_file():
+        shutil.copyfile(checkpoint / HELDOUT, out / HELDOUT)
+        heldout = mf.file_entry(out, HELDOUT)
     cfg = model.cfg
     training = ck.read_metrics(checkpoint)
     manifest = mf.Manifest(
@@ -79,8 +80,9 @@ def export_fp32(checkpoint: str | Path, out: str | Path, bar: tqdm | None = None
 
 
 def export_bundle(checkpoint: str | Path, out: str | Path, int8: bool = False, fp16: bool = False,
-                  quality_n: int = QUALITY_N, progress: bool = True) -> mf.Manifest:
-    """The whole bundle: fp32 graphs, the requested variants, and every variant's measured quality."""
+                  progress: bool = True) -> mf.Manifest:
+    """The whole bundle: fp32 graphs and the requested variants (their quality is measured by checks/quality.py,
+    which runs the engine: `seqserve export` does both)."""
     out = Path(out)
     chosen = [name for name, wanted in (("int8", int8), ("fp16", fp16)) if wanted]
     with tqdm(total=2 + len(chosen), desc="export", unit="step", disable=not progress, file=sys.stderr) as bar:
@@ -91,9 +93,6 @@ def export_bundle(checkpoint: str | Path, out: str | Path, int8: bool = False, f
             vr.add_variant(out, manifest, name)
             _tick(bar, "")
         manifest.save(out)  # the variants must be listed before the server's Runner will load them
-    for name, quality in measure_quality(out, chosen, quality_n, progress).items():
-        manifest.variants[name]["quality"] = quality
-    manifest.save(out)
     return manifest
 
 
@@ -110,6 +109,6 @@ def _tick(bar: tqdm | None, what_next: str) -> None:
 
 def _remove_stale_variants(out: Path) -> None:
     # A re-export without --int8 must not leave an old, unlisted encoder.int8.onnx next to the new graphs.
-    for name in vr.VARIANTS:
-        for file in vr.files(name).values():
+    for name in vr.BUILDERS:
+        for file in names.graph_files(name).values():
             (out / file).unlink(missing_ok=True)

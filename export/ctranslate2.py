@@ -22,9 +22,9 @@ from ctranslate2.converters.utils import fuse_linear
 from ctranslate2.specs import common_spec, transformer_spec
 from tokenizers import Tokenizer
 
-from model.checkpoint import load_checkpoint
-from model.tokenizer import BOS, EOS, UNK
-from model.transformer import Transformer
+from seqserve.contract.tokenizer import BOS, EOS, UNK
+from seqserve.model.checkpoint import load_checkpoint
+from seqserve.model.transformer import Transformer
 
 
 def _array(t: torch.Tensor) -> np.ndarray:

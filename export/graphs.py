@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from model.transformer import Transformer
+from seqserve.model.transformer import Transformer
 
 
 class EncoderGraph(nn.Module):

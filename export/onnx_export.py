@@ -9,9 +9,9 @@ from pathlib import Path
 
 import torch
 
-from export import names
-from export.graphs import DecoderStepGraph, EncoderGraph
-from model.transformer import Transformer
+from seqserve.contract import names
+from seqserve.export.graphs import DecoderStepGraph, EncoderGraph
+from seqserve.model.transformer import Transformer
 
 OPSET = 18
 # Example sizes are deliberately not 0 or 1, so the exporter cannot specialise a dynamic dimension to them.

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from export import names
+from seqserve.contract import names
 
 CPU = "CPUExecutionProvider"
 

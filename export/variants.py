@@ -12,19 +12,9 @@ import tempfile
 import warnings
 from pathlib import Path
 
-from export import manifest as mf
-from export import names
-from export.ort_io import cpu_session, random_decoder_feeds
-
-VARIANTS = ("int8", "fp16")
-GRAPHS = ("encoder", "decoder")
-
-
-def files(variant: str) -> dict[str, str]:
-    """{"encoder": file, "decoder": file} of a variant: encoder.onnx for fp32, encoder.int8.onnx for int8, ..."""
-    if variant == "fp32":
-        return {"encoder": names.ENCODER_FILE, "decoder": names.DECODER_FILE}
-    return {graph: f"{graph}.{variant}.onnx" for graph in GRAPHS}
+from seqserve.contract import manifest as mf
+from seqserve.contract import names
+from seqserve.export.ort_io import cpu_session, random_decoder_feeds
 
 
 def make_int8(src: Path, dst: Path) -> None:
@@ -79,12 +69,12 @@ BUILDERS = {"int8": make_int8, "fp16": make_fp16}
 def add_variant(directory: Path, manifest: mf.Manifest, variant: str) -> dict:
     """Writes a variant's two graphs from the fp32 ones, checks them and lists them in manifest.variants."""
     if variant not in BUILDERS:
-        raise ValueError(f"unknown variant {variant!r}; choose from {VARIANTS}")
+        raise ValueError(f"unknown variant {variant!r}; choose from {tuple(BUILDERS)}")
     import onnx
 
-    fp32, out = files("fp32"), files(variant)
+    fp32, out = names.graph_files("fp32"), names.graph_files(variant)
     entry: dict = {}
-    for graph in GRAPHS:
+    for graph in names.GRAPHS:
         src, dst = directory / fp32[graph], directory / out[graph]
         BUILDERS[variant](src, dst)
         onnx.checker.check_model(str(dst), full_check=True)

@@ -21,10 +21,22 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from loadtest import bench_report
-from loadtest.bench_config import BenchConfig, from_args
-from loadtest.bench_rows import (CTRANSLATE2, ENGINE, PYTORCH_KV_CACHE, PYTORCH_NO_CACHE, RowRun, RowSpec, Workload,
-                                 run_row)
+from seqserve.contract.manifest import load_manifest
+from seqserve.contract.tokenizer import load_tokenizer
+from seqserve.contract.tsv import heldout_pairs
+from seqserve.export.bundle import export_bundle
+from seqserve.loadtest import bench_report
+from seqserve.loadtest.bench_config import BenchConfig, from_args
+from seqserve.loadtest.bench_rows import (
+    CTRANSLATE2,
+    ENGINE,
+    PYTORCH_KV_CACHE,
+    PYTORCH_NO_CACHE,
+    RowRun,
+    RowSpec,
+    Workload,
+    run_row,
+)
 
 # Each device's precisions: dynamic int8 is a CPU variant (the CUDA provider runs its integer ops on the host),
 # fp16 a GPU one (the CPU provider casts most float16 ops back to float32). auto runs whichever the bundle has.
@@ -44,10 +56,8 @@ def plan(cfg: BenchConfig, variants: list[str], with_ctranslate2: bool) -> list[
 def _bundle(cfg: BenchConfig, stack: ExitStack) -> Path:
     if cfg.bundle is not None:
         return cfg.bundle
-    from export.bundle import export_bundle
-
     out = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="seqserve-bench-bundle-")))
-    export_bundle(cfg.checkpoint, out, int8=True, quality_n=0, progress=cfg.progress)  # quality is not our question
+    export_bundle(cfg.checkpoint, out, int8=True, progress=cfg.progress)  # quality is not our question
     return out
 
 
@@ -56,7 +66,7 @@ def _ctranslate2_model(cfg: BenchConfig, stack: ExitStack, skipped: list[str]) -
         skipped.append("CTranslate2 rows (--no-ctranslate2)")
         return None
     try:
-        from export.ctranslate2 import convert
+        from seqserve.export.ctranslate2 import convert
     except ImportError:
         skipped.append("CTranslate2 rows: ctranslate2 is not installed (pip install 'seqserve[bench]')")
         return None
@@ -67,10 +77,6 @@ def _ctranslate2_model(cfg: BenchConfig, stack: ExitStack, skipped: list[str]) -
 
 
 def _workload(cfg: BenchConfig, bundle: Path, ct2: Path | None) -> tuple[Workload, list[str]]:
-    from export.manifest import load_manifest
-    from export.quality import heldout_pairs
-    from model.tokenizer import load_tokenizer
-
     manifest = load_manifest(bundle)
     pairs = heldout_pairs(bundle, cfg.num_inputs)
     if not pairs:

@@ -8,9 +8,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from seqserve.contract.devices import DEVICES
+
 DEFAULT_BATCH_SIZES = (1, 8, 32, 64)
 DEFAULT_N = 256
-DEVICES = ("cpu", "cuda", "auto")
 
 
 @dataclass(frozen=True)

@@ -78,8 +78,8 @@ def peak_rss_mb() -> float:
 def _pytorch(spec: RowSpec, work: Workload) -> tuple[Generate, str]:
     import torch
 
-    from model.checkpoint import load_checkpoint
-    from model.decoding import greedy_decode
+    from seqserve.model.checkpoint import load_checkpoint
+    from seqserve.model.decoding import greedy_decode
 
     torch.set_num_threads(work.threads)
     device = "cuda" if work.device != "cpu" and torch.cuda.is_available() else "cpu"
@@ -96,14 +96,14 @@ def _pytorch(spec: RowSpec, work: Workload) -> tuple[Generate, str]:
 
 
 def _engine(spec: RowSpec, work: Workload) -> tuple[Generate, str]:
-    from export.manifest import load_manifest
-    from model.tokenizer import load_tokenizer
-    from server.device import RuntimeConfig
-    from server.engine import Engine
-    from server.metrics import Metrics
-    from server.request import Request, SamplingParams
-    from server.runner import Runner
-    from server.scheduler import Scheduler, SchedulerConfig
+    from seqserve.contract.manifest import load_manifest
+    from seqserve.contract.tokenizer import load_tokenizer
+    from seqserve.server.device import RuntimeConfig
+    from seqserve.server.engine import Engine
+    from seqserve.server.metrics import Metrics
+    from seqserve.server.request import Request, SamplingParams
+    from seqserve.server.runner import Runner
+    from seqserve.server.scheduler import Scheduler, SchedulerConfig
 
     runner = Runner(work.bundle, RuntimeConfig(device=work.device, intra_op_threads=work.threads), spec.precision)
     tokenizer = load_tokenizer(work.bundle / load_manifest(work.bundle).tokenizer["file"])
@@ -129,8 +129,8 @@ def _engine(spec: RowSpec, work: Workload) -> tuple[Generate, str]:
 def _ctranslate2(spec: RowSpec, work: Workload) -> tuple[Generate, str]:
     import ctranslate2
 
-    from export.ctranslate2_greedy import greedy, load_translator
-    from model.tokenizer import load_tokenizer
+    from seqserve.contract.tokenizer import load_tokenizer
+    from seqserve.export.ctranslate2_greedy import greedy, load_translator
 
     device = work.device if work.device != "auto" else ("cuda" if ctranslate2.get_cuda_device_count() else "cpu")
     translator = load_translator(work.ctranslate2_dir, spec.precision, device, work.threads)

@@ -15,10 +15,10 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from loadtest.slo import Slo, missed
-from loadtest.summary import METHODS, Summary
-from loadtest.workload import heldout_file
-from server.client import add_decoding_arguments, decoding_from_args, options
+from seqserve.loadtest.slo import Slo, missed
+from seqserve.loadtest.summary import METHODS, Summary
+from seqserve.loadtest.workload import heldout_file
+from seqserve.server.client import decoding_from_args, options
 
 LOCUSTFILE = Path(__file__).with_name("locustfile.py")
 _DURATION = re.compile(r"(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?")
@@ -121,43 +121,3 @@ def judge(summary: Summary, slo: Slo, path: Path) -> tuple[int, list[str]]:
     if summary.successes == 0:
         problems.append(f"no call succeeded ({summary.requests} calls; failures by code: {summary.failures_by_code})")
     return (1 if problems else 0), problems
-
-
-def add_arguments(parser) -> None:
-    parser.add_argument("--target", default="127.0.0.1:50051",
-                        help="host:port of the gRPC server (default %(default)s)")
-    parser.add_argument("--heldout", default="artifacts/bundle",
-                        help="bundle directory (or its heldout.tsv) whose held-out sources are the inputs "
-                             "(default %(default)s)")
-    parser.add_argument("--users", type=int, default=8, help="concurrent closed-loop users (default %(default)s)")
-    parser.add_argument("--spawn-rate", type=float, help="users started per second (default: all at once)")
-    parser.add_argument("--duration", default="60s", help="run time: 90, 60s, 5m, 1h30m (default %(default)s)")
-    parser.add_argument("--methods", default=",".join(METHODS), help="RPCs the users call, in equal shares")
-    parser.add_argument("--timeout", type=float, help="deadline of each call in seconds (unset = none)")
-    parser.add_argument("--stop-timeout", default="30s",
-                        help="how long calls in flight at the end may finish (default %(default)s)")
-    parser.add_argument("--report-dir", help="output folder (default: reports/loadtest-<timestamp>)")
-    parser.add_argument("--sweep", help="capacity sweep: comma-separated user counts, one step each, e.g. 1,2,4,8")
-    parser.add_argument("--step-duration", default="20s", help="run time of each sweep step (default %(default)s)")
-    Slo.add_arguments(parser)
-    add_decoding_arguments(parser.add_argument_group("decoding options (unset = the server's defaults)"))
-
-
-def main(args) -> int:
-    test, slo = LoadTest.from_args(args), Slo.from_args(args)
-    report_dir = Path(args.report_dir or f"reports/loadtest-{time.strftime('%Y%m%d-%H%M%S')}")
-    try:
-        if args.sweep:
-            from loadtest.sweep import Sweep
-
-            return Sweep.from_args(args, test, slo).run(report_dir)
-        summary = run(test, report_dir)
-    except LoadTestError as exc:
-        print(f"seqserve loadtest: error: {exc}", file=sys.stderr)
-        return 2
-    code, problems = judge(summary, slo, report_dir / "summary.json")
-    print(summary.describe())
-    print(f"-> {report_dir}/ (summary.json, report.html, locust_*.csv, locust.log)")
-    for line in problems:
-        print(line)
-    return code

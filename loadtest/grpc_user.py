@@ -12,7 +12,7 @@ import grpc
 import grpc.experimental.gevent
 from locust import User
 
-from loadtest.summary import CALL, FIRST_TOKEN
+from seqserve.loadtest.summary import CALL, FIRST_TOKEN
 from seqserve.v1 import seqserve_pb2 as pb
 from seqserve.v1 import seqserve_pb2_grpc as pb_grpc
 

@@ -28,10 +28,10 @@ import random
 from locust import constant, events, tag, task
 from locust.stats import PERCENTILES_TO_REPORT, StatsCSV
 
-from loadtest.grpc_user import GrpcUser
-from loadtest.summary import Summary
-from loadtest.workload import Workload, heldout_sources
-from server.client import add_decoding_arguments, decoding_from_args
+from seqserve.loadtest.grpc_user import GrpcUser
+from seqserve.loadtest.summary import Summary
+from seqserve.loadtest.workload import Workload, heldout_sources
+from seqserve.server.client import add_decoding_arguments, decoding_from_args
 
 
 @events.init_command_line_parser.add_listener

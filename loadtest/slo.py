@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 
-from loadtest.summary import Summary
+from seqserve.loadtest.summary import Summary
 
 
 def _slo(help: str, measure, upper: bool):

@@ -1,4 +1,6 @@
-"""Where a decoder step's time goes: `python -m loadtest.step_profile BUNDLE [--device cuda] [--batch-sizes 1,8,64]`.
+"""Where a decoder step's time goes.
+
+    python -m seqserve.loadtest.step_profile BUNDLE [--device cuda] [--batch-sizes 1,8,64]
 
 For each batch size: one decoder step for every row, the encoder for the whole batch, one row leaving and one row
 joining (the KV cache's slot operations), in milliseconds, on the server's own Runner. No torch.
@@ -10,9 +12,9 @@ import time
 
 import numpy as np
 
-from server.device import RuntimeConfig
-from server.request import Request, SamplingParams
-from server.runner import Runner
+from seqserve.server.device import RuntimeConfig
+from seqserve.server.request import Request, SamplingParams
+from seqserve.server.runner import Runner
 
 SOURCE = list(range(4, 20))  # 16 source tokens
 STEPS = 20

@@ -12,10 +12,10 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from loadtest.driver import LoadTest, judge, parse_duration, run
-from loadtest.plot import plot_sweep
-from loadtest.slo import Slo
-from loadtest.summary import Summary
+from seqserve.loadtest.driver import LoadTest, judge, parse_duration, run
+from seqserve.loadtest.plot import plot_sweep
+from seqserve.loadtest.slo import Slo
+from seqserve.loadtest.summary import Summary
 
 COLUMNS = ("users", "requests", "failures", "requests_per_s", "generated_tokens_per_s", "p50_ms", "p95_ms", "p99_ms",
            "ttft_p50_ms", "ttft_p99_ms", "slo")

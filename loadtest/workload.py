@@ -5,8 +5,8 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from seqserve.server.client import options
 from seqserve.v1 import seqserve_pb2 as pb
-from server.client import options
 
 
 def heldout_file(path: str | Path) -> Path:

@@ -6,7 +6,7 @@ import math
 import torch
 from torch import nn
 
-from model.config import MASK_FILL
+from seqserve.model.config import MASK_FILL
 
 
 def padding_bias(mask: torch.Tensor) -> torch.Tensor:

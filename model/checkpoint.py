@@ -8,9 +8,9 @@ import torch
 from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer
 
-from model.config import ModelConfig
-from model.tokenizer import load_tokenizer
-from model.transformer import Transformer
+from seqserve.contract.tokenizer import load_tokenizer
+from seqserve.model.config import ModelConfig
+from seqserve.model.transformer import Transformer
 
 WEIGHTS = "model.safetensors"
 CONFIG = "config.json"
@@ -20,7 +20,6 @@ TRAIN_CONFIG = "train_config.json"
 LAST_WEIGHTS = "last.safetensors"  # the latest step, for --resume (model.safetensors is the best)
 OPTIMIZER = "optimizer.safetensors"
 STATE = "state.json"
-HELDOUT = "test.tsv"  # the held-out split the metrics were measured on
 
 
 def state_dict_for_save(model: Transformer) -> dict[str, torch.Tensor]:

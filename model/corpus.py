@@ -7,21 +7,18 @@ proportion and valid/test follow the training distribution.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
-from pathlib import Path
 
-from model.verbalise import KINDS, LANGS, Pair, sample_value, spoken, verbalise, written
+from seqserve.model.verbalise import KINDS, LANGS, Pair, sample_value, spoken, verbalise, written
 
 __all__ = [
-    "LANGS", "KINDS", "Pair", "CorpusConfig", "CorpusError", "make_example", "verbalise", "generate_splits",
-    "copy_task_splits", "read_tsv", "write_tsv", "split_pairs", "COPY_ALPHABET",
+    "LANGS", "KINDS", "Pair", "CorpusConfig", "make_example", "verbalise", "generate_splits", "copy_task_splits",
+    "split_pairs", "COPY_ALPHABET",
 ]
 
-SPLITS = ("train", "valid", "test")
 COPY_ALPHABET = "abcdefghijklmnop0123456789"  # small, so the tiny preset's vocabulary stays small
 _MAX_REDRAWS = 200  # consecutive already-seen sources after which a (lang, kind) group counts as exhausted
-_MAX_REPORTED_LINES = 20
 
 
 @dataclass(frozen=True)
@@ -32,14 +29,6 @@ class CorpusConfig:
     seed: int = 0
     langs: tuple[str, ...] = LANGS
     kinds: tuple[str, ...] = KINDS
-
-
-class CorpusError(ValueError):
-    """A TSV corpus with malformed lines; .line_numbers lists all of them (1-based)."""
-
-    def __init__(self, message: str, line_numbers: list[int]) -> None:
-        super().__init__(message)
-        self.line_numbers = line_numbers
 
 
 def make_example(rng: random.Random, lang: str, kind: str) -> Pair:
@@ -112,37 +101,6 @@ def copy_task_splits(n_train: int, n_valid: int, n_test: int, seed: int = 0, min
 
     sizes = {"train": n_train, "valid": n_valid, "test": n_test}
     return _fill_splits(sizes, random.Random(seed), list(range(min_len, max_len + 1)), draw)
-
-
-def _malformed(line: str) -> bool:
-    parts = line.split("\t")
-    return len(parts) != 2 or not parts[0].strip() or not parts[1].strip()
-
-
-def read_tsv(path: str | Path) -> list[Pair]:
-    """Bring-your-own corpus, one `source<TAB>target` per line; any malformed line is an error, never dropped."""
-    # split("\n") rather than splitlines(): the latter also breaks on characters such as U+2028 inside text.
-    lines = Path(path).read_text(encoding="utf-8").split("\n")
-    lines = [line.removesuffix("\r") for line in lines]  # tolerate CRLF files
-    while lines and not lines[-1].strip():
-        lines.pop()  # blank trailing lines are not data
-    bad = [i for i, line in enumerate(lines, start=1) if _malformed(line)]
-    if bad:
-        shown = ", ".join(map(str, bad[:_MAX_REPORTED_LINES]))
-        more = f" and {len(bad) - _MAX_REPORTED_LINES} more" if len(bad) > _MAX_REPORTED_LINES else ""
-        raise CorpusError(f"{path}: {len(bad)} malformed line(s), expected 'source<TAB>target' with both sides "
-                          f"non-empty: lines {shown}{more}", bad)
-    return [(src, tgt) for src, tgt in (line.split("\t") for line in lines)]
-
-
-def write_tsv(pairs: Iterable[Pair], path: str | Path) -> None:
-    """Writes pairs so read_tsv reads them back exactly; refuses text that would break the format."""
-    rows = []
-    for i, (src, tgt) in enumerate(pairs):
-        if any(c in side for side in (src, tgt) for c in "\t\n\r") or not src.strip() or not tgt.strip():
-            raise ValueError(f"pair {i} cannot be written as TSV (empty side, TAB or newline): {(src, tgt)!r}")
-        rows.append(f"{src}\t{tgt}\n")
-    Path(path).write_text("".join(rows), encoding="utf-8", newline="\n")
 
 
 def split_pairs(pairs: list[Pair], seed: int, valid_fraction: float = 0.05,

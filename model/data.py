@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 from tokenizers import Tokenizer
 
-from model.corpus import Pair
+from seqserve.model.corpus import Pair
 
 
 @dataclass(frozen=True)

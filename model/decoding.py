@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from model.transformer import Transformer
+from seqserve.model.transformer import Transformer
 
 
 def pad_batch(seqs: list[list[int]], pad_id: int,

@@ -4,9 +4,9 @@ from __future__ import annotations
 import sacrebleu
 from tokenizers import Tokenizer
 
-from model.corpus import Pair
-from model.decoding import greedy_decode
-from model.transformer import Transformer
+from seqserve.model.corpus import Pair
+from seqserve.model.decoding import greedy_decode
+from seqserve.model.transformer import Transformer
 
 
 def translate(model: Transformer, tok: Tokenizer, sources: list[str], max_new_tokens: int,

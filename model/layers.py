@@ -4,8 +4,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from model.attention import MultiHeadAttention
-from model.config import ModelConfig
+from seqserve.model.attention import MultiHeadAttention
+from seqserve.model.config import ModelConfig
 
 KV = tuple[torch.Tensor, torch.Tensor]  # keys, values: (B, H, S, Dh) each
 

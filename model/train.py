@@ -11,16 +11,18 @@ import torch
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
-from model import checkpoint as ck
-from model import distributed
-from model.config import ModelConfig
-from model.corpus import CorpusConfig, Pair, copy_task_splits, generate_splits, read_tsv, split_pairs, write_tsv
-from model.data import bucket_batches, collate, tokenize_pairs
-from model.evaluate import evaluate
-from model.plots import plot_curve
-from model.presets import TrainConfig
-from model.tokenizer import load_tokenizer, special_ids, train_tokenizer
-from model.transformer import Transformer
+from seqserve.contract.tokenizer import load_tokenizer, special_ids
+from seqserve.contract.tsv import HELDOUT, read_tsv, write_tsv
+from seqserve.model import checkpoint as ck
+from seqserve.model import distributed
+from seqserve.model.config import ModelConfig
+from seqserve.model.corpus import CorpusConfig, Pair, copy_task_splits, generate_splits, split_pairs
+from seqserve.model.data import bucket_batches, collate, tokenize_pairs
+from seqserve.model.evaluate import evaluate
+from seqserve.model.plots import plot_curve
+from seqserve.model.presets import TrainConfig
+from seqserve.model.tokenizer import train_tokenizer
+from seqserve.model.transformer import Transformer
 
 
 def load_splits(cfg: TrainConfig) -> dict[str, list[Pair]]:
@@ -77,7 +79,7 @@ def train(cfg: TrainConfig, out: str | Path, resume: bool = False, quiet: bool =
     tok_path = out / ck.TOKENIZER
     if world.is_main and not (resume and tok_path.is_file()):
         train_tokenizer([t for pair in splits["train"] for t in pair], cfg.vocab_size).save(str(tok_path))
-        write_tsv(splits["test"], out / ck.HELDOUT)
+        write_tsv(splits["test"], out / HELDOUT)
         cfg.save(out / ck.TRAIN_CONFIG)
     distributed.barrier(world)
     tok = load_tokenizer(tok_path)

@@ -9,10 +9,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from model.attention import causal_bias, padding_bias
-from model.config import ModelConfig
-from model.layers import KV, DecoderLayer, EncoderLayer
-from model.positional import PositionalEncoding
+from seqserve.model.attention import causal_bias, padding_bias
+from seqserve.model.config import ModelConfig
+from seqserve.model.layers import KV, DecoderLayer, EncoderLayer
+from seqserve.model.positional import PositionalEncoding
 
 
 class Transformer(nn.Module):

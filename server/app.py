@@ -16,16 +16,16 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
-from export.manifest import load_manifest
-from model.tokenizer import load_tokenizer
-from server.device import RuntimeConfig
-from server.engine import Engine
-from server.metrics import Metrics
-from server.request import Request, SamplingParams
-from server.runner import Runner
-from server.scheduler import Scheduler, SchedulerConfig
-from server.service import SERVICE_NAME, GenerationService
-from server.settings import Settings, SettingsError, env_name
+from seqserve.contract.manifest import load_manifest
+from seqserve.contract.tokenizer import load_tokenizer
+from seqserve.server.device import RuntimeConfig
+from seqserve.server.engine import Engine
+from seqserve.server.metrics import Metrics
+from seqserve.server.request import Request, SamplingParams
+from seqserve.server.runner import Runner
+from seqserve.server.scheduler import Scheduler, SchedulerConfig
+from seqserve.server.service import SERVICE_NAME, GenerationService
+from seqserve.server.settings import Settings, SettingsError, env_name
 
 log = logging.getLogger("seqserve")
 WARMUP_TEXT = "warm up"

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from tokenizers import Tokenizer
 
-from server.request import Request
+from seqserve.server.request import Request
 
 REPLACEMENT = "\ufffd"  # byte-level BPE may split one UTF-8 character across tokens: hold the piece until it completes
 

@@ -14,10 +14,11 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
+from seqserve.contract.devices import CPU_PROVIDER, CUDA_PROVIDER, DEVICES
+
 log = logging.getLogger(__name__)
 
-CUDA, CPU = "CUDAExecutionProvider", "CPUExecutionProvider"
-DEVICES = ("auto", "cpu", "cuda")
+CUDA, CPU = CUDA_PROVIDER, CPU_PROVIDER
 
 
 @dataclass(frozen=True)

@@ -12,12 +12,12 @@ import time
 import numpy as np
 from tokenizers import Tokenizer
 
-from server.detokenizer import next_piece
-from server.metrics import Metrics
-from server.request import Event, FinishReason, Request, RequestStatus
-from server.runner import Runner
-from server.sampling import next_tokens
-from server.scheduler import Plan, Scheduler
+from seqserve.server.detokenizer import next_piece
+from seqserve.server.metrics import Metrics
+from seqserve.server.request import Event, FinishReason, Request, RequestStatus
+from seqserve.server.runner import Runner
+from seqserve.server.sampling import next_tokens
+from seqserve.server.scheduler import Plan, Scheduler
 
 log = logging.getLogger(__name__)
 

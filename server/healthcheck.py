@@ -1,4 +1,4 @@
-"""`python -m server.healthcheck [host:port]`: exits 0 when the server reports SERVING (container health probes).
+"""`python -m seqserve.server.healthcheck [host:port]`: exit 0 when the server reports SERVING (container probes).
 
 A container probe needs no grpcurl: this asks the standard grpc.health.v1 service, exactly as load balancers do.
 """

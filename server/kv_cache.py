@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from server.device import Device
+from seqserve.server.device import Device
 
 MIN_TRIM = 8  # leading unused past columns worth a copy of the past (trimming is amortised: only when half is unused)
 

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import numpy as np
 
-from export import names
-from export.manifest import Manifest, check_session_io, load_manifest
-from server.device import Device, RuntimeConfig
-from server.kv_cache import KVCache
-from server.request import Request
+from seqserve.contract import names
+from seqserve.contract.manifest import Manifest, check_session_io, load_manifest
+from seqserve.server.device import Device, RuntimeConfig
+from seqserve.server.kv_cache import KVCache
+from seqserve.server.request import Request
 
 
 @dataclass

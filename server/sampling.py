@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from server.request import Request
+from seqserve.server.request import Request
 
 
 def next_tokens(logits: np.ndarray, requests: list[Request], eos_id: int) -> np.ndarray:

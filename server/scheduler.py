@@ -9,7 +9,7 @@ import collections
 import threading
 from dataclasses import dataclass
 
-from server.request import FinishReason, Request, RequestStatus
+from seqserve.server.request import FinishReason, Request, RequestStatus
 
 
 @dataclass(frozen=True)

@@ -15,12 +15,12 @@ import time
 
 import grpc
 
+from seqserve.server.metrics import Metrics
+from seqserve.server.request import Event, FinishReason, Request, SamplingParams
+from seqserve.server.scheduler import QueueFull
+from seqserve.server.settings import Limits
 from seqserve.v1 import seqserve_pb2 as pb
 from seqserve.v1 import seqserve_pb2_grpc as pb_grpc
-from server.metrics import Metrics
-from server.request import Event, FinishReason, Request, SamplingParams
-from server.scheduler import QueueFull
-from server.settings import Limits
 
 log = logging.getLogger(__name__)
 Code = grpc.StatusCode

@@ -10,10 +10,11 @@ import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
+from seqserve.contract.devices import DEVICES
+from seqserve.contract.manifest import VARIANTS
+
 ENV_PREFIX = "SEQSERVE_"
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
-VARIANTS = ("fp32", "int8", "fp16")
-DEVICES = ("auto", "cpu", "cuda")  # server.device.DEVICES, repeated so the CLI parser never imports onnxruntime
 DEFAULT_MAX_NEW_TOKENS = 64  # used when a request leaves max_new_tokens unset (clipped to the cap)
 
 

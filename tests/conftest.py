@@ -26,8 +26,8 @@ def tiny_checkpoint(tmp_path_factory) -> Path:
     """The `tiny` preset trained on its copy task (about 25 s on 2 cores)."""
     out, make = _directory(tmp_path_factory, "tiny", "metrics.json")
     if make:
-        from model.presets import preset
-        from model.train import train
+        from seqserve.model.presets import preset
+        from seqserve.model.train import train
 
         train(preset("tiny"), out, quiet=True)
     return out
@@ -38,7 +38,7 @@ def tiny_bundle(tiny_checkpoint, tmp_path_factory) -> Path:
     """The tiny checkpoint exported to an fp32 bundle."""
     out, make = _directory(tmp_path_factory, "tiny-bundle", "manifest.json")
     if make:
-        from export.bundle import export_fp32
+        from seqserve.export.bundle import export_fp32
 
         export_fp32(tiny_checkpoint, out)
     return out

@@ -9,11 +9,10 @@ from pathlib import Path
 
 import grpc
 
+from seqserve.server import settings as st
+from seqserve.server.app import App
 from seqserve.v1 import seqserve_pb2 as pb
 from seqserve.v1 import seqserve_pb2_grpc as pb_grpc
-from server import settings as st
-from server.app import App
-
 
 # Where served tests run onnxruntime: cpu here and in CI; SEQSERVE_TEST_DEVICE=cuda runs them on a GPU.
 DEVICE = os.environ.get("SEQSERVE_TEST_DEVICE", "cpu")

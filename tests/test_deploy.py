@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from grpc_harness import Served
-from server.healthcheck import check, main
-from server.metrics import Metrics
-from server.settings import Settings
+
+from seqserve.server.healthcheck import check, main
+from seqserve.server.metrics import Metrics
+from seqserve.server.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
@@ -39,7 +39,7 @@ def test_compose_serves_the_bundle_on_the_default_ports():
     assert f"{metrics_port}:{metrics_port}" in server["ports"]
     assert "./artifacts/bundle:/bundle:ro" in server["volumes"]
     assert server["environment"]["SEQSERVE_BUNDLE"] == "/bundle"
-    assert server["healthcheck"]["test"][2:4] == ["-m", "server.healthcheck"]
+    assert server["healthcheck"]["test"][2:4] == ["-m", "seqserve.server.healthcheck"]
     grace = float(server["environment"]["SEQSERVE_GRACE_SECONDS"])
     assert float(server["stop_grace_period"].rstrip("s")) > grace  # drain ends before SIGKILL
 

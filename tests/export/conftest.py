@@ -14,8 +14,8 @@ def small_model():
     """A randomly initialised model in eval mode; max_positions 32 makes "near max" cheap (past_len 30)."""
     import torch
 
-    from model.config import ModelConfig
-    from model.transformer import Transformer
+    from seqserve.model.config import ModelConfig
+    from seqserve.model.transformer import Transformer
 
     torch.manual_seed(0)
     return Transformer(ModelConfig(**SMALL)).eval()
@@ -24,8 +24,8 @@ def small_model():
 @pytest.fixture(scope="session")
 def small_graphs(small_model, tmp_path_factory) -> Path:
     """encoder.onnx and decoder.onnx of small_model (dynamo exporter, example sizes 3 / 7 / 5)."""
-    from export.names import DECODER_FILE, ENCODER_FILE
-    from export.onnx_export import export_decoder, export_encoder
+    from seqserve.contract.names import DECODER_FILE, ENCODER_FILE
+    from seqserve.export.onnx_export import export_decoder, export_encoder
 
     out = tmp_path_factory.mktemp("small_graphs")
     export_encoder(small_model, out / ENCODER_FILE)
@@ -36,8 +36,8 @@ def small_graphs(small_model, tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def small_sessions(small_graphs):
     """(encoder, decoder) onnxruntime sessions on the CPU provider."""
-    from export.names import DECODER_FILE, ENCODER_FILE
-    from export.ort_io import cpu_session
+    from seqserve.contract.names import DECODER_FILE, ENCODER_FILE
+    from seqserve.export.ort_io import cpu_session
 
     return cpu_session(small_graphs / ENCODER_FILE), cpu_session(small_graphs / DECODER_FILE)
 
@@ -45,7 +45,7 @@ def small_sessions(small_graphs):
 @pytest.fixture(scope="session")
 def full_bundle(tiny_checkpoint, tmp_path_factory) -> Path:
     """`seqserve export CKPT --out BUNDLE --int8 --fp16` of the trained tiny model (quality: its 200 held-out lines)."""
-    from server.cli import main
+    from seqserve.cli.main import main
 
     out = tmp_path_factory.mktemp("full_bundle")
     assert main(["export", str(tiny_checkpoint), "--out", str(out), "--int8", "--fp16", "--quiet"]) == 0

@@ -8,10 +8,10 @@ import shutil
 import onnx
 import pytest
 
-from export import names
-from export.manifest import FORMAT_VERSION, MANIFEST, BundleError, load_manifest
-from server.device import RuntimeConfig
-from server.runner import Runner
+from seqserve.contract import names
+from seqserve.contract.manifest import FORMAT_VERSION, MANIFEST, BundleError, load_manifest
+from seqserve.server.device import RuntimeConfig
+from seqserve.server.runner import Runner
 
 CPU = RuntimeConfig(device="cpu")
 
@@ -89,7 +89,7 @@ def test_graph_whose_io_differs_from_the_manifest_is_refused(bundle_copy):
 
 
 def test_verify_fails_on_a_tampered_bundle(bundle_copy, capsys):
-    from server.cli import main
+    from seqserve.cli.main import main
 
     _flip_byte(bundle_copy / names.ENCODER_FILE, 1000)
     assert main(["verify", str(bundle_copy), "--quiet"]) == 1

@@ -11,16 +11,16 @@ ctranslate2 = pytest.importorskip("ctranslate2")
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from export.ctranslate2 import convert  # noqa: E402
-from export.ctranslate2_greedy import greedy, load_translator  # noqa: E402
-from model.checkpoint import CONFIG, TOKENIZER, WEIGHTS, load_checkpoint, save_weights  # noqa: E402
-from model.config import ModelConfig  # noqa: E402
-from model.decoding import greedy_decode  # noqa: E402
-from model.transformer import Transformer  # noqa: E402
+from seqserve.export.ctranslate2 import convert  # noqa: E402
+from seqserve.export.ctranslate2_greedy import greedy, load_translator  # noqa: E402
+from seqserve.model.checkpoint import CONFIG, TOKENIZER, WEIGHTS, load_checkpoint, save_weights  # noqa: E402
+from seqserve.model.config import ModelConfig  # noqa: E402
+from seqserve.model.decoding import greedy_decode  # noqa: E402
+from seqserve.model.transformer import Transformer  # noqa: E402
 
 
 def _heldout_sources(checkpoint, tok, n: int = 200) -> list[list[int]]:
-    lines = (checkpoint / "test.tsv").read_text(encoding="utf-8").splitlines()
+    lines = (checkpoint / "heldout.tsv").read_text(encoding="utf-8").splitlines()
     return [tok.encode(line.split("\t", 1)[0]).ids for line in lines if line.strip()][:n]
 
 
@@ -95,7 +95,7 @@ def _torch_log_probs(model: Transformer, source: list[int], target: list[int]) -
 
 
 def test_export_cli_writes_a_ctranslate2_model_that_decodes_like_pytorch(tiny_checkpoint, tmp_path, capsys):
-    from server.cli import main
+    from seqserve.cli.main import main
 
     out = tmp_path / "ct2"
     assert main(["export", str(tiny_checkpoint), "--out", str(tmp_path / "bundle"), "--ctranslate2", str(out),

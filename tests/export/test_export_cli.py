@@ -6,8 +6,8 @@ import shutil
 import torch
 from safetensors.torch import load_file, save_file
 
-from export import names
-from server.cli import main
+from seqserve.cli.main import main
+from seqserve.contract import names
 
 BUNDLE_FILES = {"manifest.json", "tokenizer.json", "heldout.tsv", "encoder.onnx", "decoder.onnx",
                 "encoder.int8.onnx", "decoder.int8.onnx", "encoder.fp16.onnx", "decoder.fp16.onnx"}

@@ -8,14 +8,12 @@ import numpy as np
 import onnx
 import pytest
 
-from export import names
-from export.ort_io import CPU, cpu_session, random_decoder_feeds
-from export.variants import files
+from seqserve.contract import names
+from seqserve.export.ort_io import CPU, cpu_session, random_decoder_feeds
 
 CONTROL_FLOW = {"If", "Loop", "Scan", "SequenceMap"}
 ONNX_TYPES = {names.INT64: onnx.TensorProto.INT64, names.FLOAT32: onnx.TensorProto.FLOAT}
 ORT_TYPES = {names.INT64: "tensor(int64)", names.FLOAT32: "tensor(float)"}
-GRAPHS = ("encoder", "decoder")
 
 
 @pytest.fixture(params=["small fp32", "tiny fp32", "tiny int8", "tiny fp16"])
@@ -27,7 +25,7 @@ def graphs(request) -> tuple[dict, dict]:
     else:
         directory = request.getfixturevalue("full_bundle")
         cfg = json.loads((directory / "manifest.json").read_text())["model"]
-    return {g: directory / files(variant)[g] for g in GRAPHS}, cfg
+    return {g: directory / names.graph_files(variant)[g] for g in names.GRAPHS}, cfg
 
 
 def _resolve(dims: list, cfg: dict) -> list:

@@ -7,8 +7,8 @@ import onnxruntime as ort
 import pytest
 import torch
 
-from export import names
-from export.ort_io import decoder_feeds, encoder_feeds
+from seqserve.contract import names
+from seqserve.export.ort_io import decoder_feeds, encoder_feeds
 
 ATOL = RTOL = 1e-4
 MAX = 32  # the small model's max_positions

@@ -2,12 +2,13 @@
 PyTorch's reference greedy decoding token for token on the trained tiny model's held-out inputs."""
 from __future__ import annotations
 
-from export.manifest import load_manifest
-from export.quality import CPU, generate, heldout_pairs
-from model.checkpoint import load_checkpoint
-from model.decoding import greedy_decode
-from server.request import FinishReason
-from server.runner import Runner
+from seqserve.checks.quality import CPU, generate
+from seqserve.contract.manifest import load_manifest
+from seqserve.contract.tsv import heldout_pairs
+from seqserve.model.checkpoint import load_checkpoint
+from seqserve.model.decoding import greedy_decode
+from seqserve.server.request import FinishReason
+from seqserve.server.runner import Runner
 
 
 def test_engine_greedy_equals_pytorch_greedy_on_heldout(tiny_checkpoint, tiny_bundle):

@@ -10,12 +10,13 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
-from export.manifest import MANIFEST, file_entry, load_manifest
-from export.ort_io import cpu_session, decoder_feeds, encoder_feeds
-from export.quality import heldout_pairs, measure_quality
-from export.variants import files
-from model.checkpoint import load_checkpoint
-from model.decoding import greedy_decode, pad_batch
+from seqserve.checks.quality import measure_quality
+from seqserve.contract import names
+from seqserve.contract.manifest import MANIFEST, file_entry, load_manifest
+from seqserve.contract.tsv import heldout_pairs
+from seqserve.export.ort_io import cpu_session, decoder_feeds, encoder_feeds
+from seqserve.model.checkpoint import load_checkpoint
+from seqserve.model.decoding import greedy_decode, pad_batch
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +32,7 @@ def forced(full_bundle, tiny_checkpoint):
 
 def teacher_forced_argmax(bundle, variant: str, sources, targets, cfg) -> list[np.ndarray]:
     """Plain onnxruntime sessions, present fed back as past; each row's argmax at its forced steps."""
-    encoder, decoder = (cpu_session(bundle / files(variant)[g]) for g in ("encoder", "decoder"))
+    encoder, decoder = (cpu_session(bundle / names.graph_files(variant)[g]) for g in ("encoder", "decoder"))
     out = []
     for start in range(0, len(sources), 50):
         chunk, goal = sources[start : start + 50], targets[start : start + 50]
@@ -70,7 +71,7 @@ def test_manifest_lists_variants_with_measured_quality(full_bundle):
     manifest = load_manifest(full_bundle)  # sha256 of every variant file checked here
     assert list(manifest.variants) == ["fp32", "int8", "fp16"]
     for name, variant in manifest.variants.items():
-        assert {variant["encoder"]["file"], variant["decoder"]["file"]} == set(files(name).values())
+        assert {variant["encoder"]["file"], variant["decoder"]["file"]} == set(names.graph_files(name).values())
         q = variant["quality"]
         assert q["n"] == 200 and q["split"] == "heldout.tsv" and q["nan_free"] is True
         assert 0.9 <= q["exact_match"] <= 1.0 and "warning" not in q
@@ -86,7 +87,8 @@ def test_manifest_lists_variants_with_measured_quality(full_bundle):
 def test_variants_keep_float32_io(full_bundle):
     for variant in ("int8", "fp16"):
         for graph in ("encoder", "decoder"):
-            ref, got = cpu_session(full_bundle / files("fp32")[graph]), cpu_session(full_bundle / files(variant)[graph])
+            ref = cpu_session(full_bundle / names.graph_files("fp32")[graph])
+            got = cpu_session(full_bundle / names.graph_files(variant)[graph])
             assert [(v.name, v.type) for v in got.get_inputs() + got.get_outputs()] == \
                    [(v.name, v.type) for v in ref.get_inputs() + ref.get_outputs()]
 
@@ -95,8 +97,8 @@ def test_lossy_variant_is_reported_loudly(full_bundle, tmp_path, capsys):
     """A variant whose weights are badly damaged must show up as a warning on stderr and in its quality entry."""
     bundle = tmp_path / "lossy"
     shutil.copytree(full_bundle, bundle)
-    path = bundle / files("int8")["decoder"]
-    model = onnx.load(str(bundle / files("fp32")["decoder"]))
+    path = bundle / names.graph_files("int8")["decoder"]
+    model = onnx.load(str(bundle / names.graph_files("fp32")["decoder"]))
     rng = np.random.default_rng(0)
     for init in model.graph.initializer:
         w = numpy_helper.to_array(init)

@@ -2,9 +2,9 @@
 from __future__ import annotations
 
 import pytest
-
 from grpc_harness import Served
-from server.cli import main
+
+from seqserve.cli.main import main
 
 
 @pytest.fixture

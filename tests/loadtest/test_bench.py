@@ -5,9 +5,9 @@ import json
 
 import pytest
 
-from loadtest.bench import row_json
-from loadtest.bench_rows import RowRun, RowSpec
-from server.cli import main
+from seqserve.cli.main import main
+from seqserve.loadtest.bench import row_json
+from seqserve.loadtest.bench_rows import RowRun, RowSpec
 
 N, BATCHES, MAX_NEW = 12, (1, 4), 40
 ROW_FIELDS = {"name": str, "backend": str, "precision": str, "batch_size": int, "device": str, "n_inputs": int,
@@ -102,8 +102,8 @@ def test_each_device_benchmarks_its_own_precisions():
     """int8 is a CPU variant and fp16 a GPU one: a row is planned only where it means something and the bundle has it."""
     from pathlib import Path
 
-    from loadtest.bench import plan
-    from loadtest.bench_config import BenchConfig
+    from seqserve.loadtest.bench import plan
+    from seqserve.loadtest.bench_config import BenchConfig
 
     def planned(device: str, variants: list[str]) -> set[tuple[str, str]]:
         cfg = BenchConfig(checkpoint=Path("ckpt"), device=device, batch_sizes=(1,))
@@ -117,9 +117,10 @@ def test_each_device_benchmarks_its_own_precisions():
 
 
 def test_step_profile_times_every_operation_and_leaves_the_runner_empty(tiny_bundle, capsys):
-    from loadtest.step_profile import main as step_profile, profile
-    from server.device import RuntimeConfig
-    from server.runner import Runner
+    from seqserve.loadtest.step_profile import main as step_profile
+    from seqserve.loadtest.step_profile import profile
+    from seqserve.server.device import RuntimeConfig
+    from seqserve.server.runner import Runner
 
     runner = Runner(tiny_bundle, RuntimeConfig(device="cpu", intra_op_threads=1))
     ms = profile(runner, 3)

@@ -5,10 +5,10 @@ import csv
 import json
 
 import pytest
-
 from grpc_harness import Served
-from loadtest.summary import METHODS
-from server.cli import main
+
+from seqserve.cli.main import main
+from seqserve.loadtest.summary import METHODS
 
 
 @pytest.fixture(scope="module")

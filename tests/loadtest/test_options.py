@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-from loadtest.driver import LoadTest, parse_duration
-from server.cli import build_parser
-from server.client import OPTION_NAMES, decoding_from_args
+from seqserve.cli.main import build_parser
+from seqserve.loadtest.driver import LoadTest, parse_duration
+from seqserve.server.client import OPTION_NAMES, decoding_from_args
 
 
 def _flags(command: str) -> set[str]:

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import json
 
-from loadtest.slo import Slo, missed
-from loadtest.summary import Summary
+from seqserve.loadtest.slo import Slo, missed
+from seqserve.loadtest.summary import Summary
 
 
 def test_unmeetable_slo_fails_the_command_and_names_it(server, loadtest, tmp_path):

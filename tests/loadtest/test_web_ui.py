@@ -9,7 +9,8 @@ import urllib.parse
 import urllib.request
 
 from grpc_harness import wait_for
-from loadtest.driver import LOCUSTFILE
+
+from seqserve.loadtest.driver import LOCUSTFILE
 
 
 def _free_port() -> int:

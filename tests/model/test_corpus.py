@@ -9,9 +9,19 @@ from pathlib import Path
 
 import pytest
 
-from model.corpus import (COPY_ALPHABET, KINDS, LANGS, CorpusConfig, CorpusError, copy_task_splits,
-                          generate_splits, make_example, read_tsv, split_pairs, verbalise, write_tsv)
-from model.tokenizer import train_tokenizer
+from seqserve.contract.tsv import CorpusError, read_tsv, write_tsv
+from seqserve.model.corpus import (
+    COPY_ALPHABET,
+    KINDS,
+    LANGS,
+    CorpusConfig,
+    copy_task_splits,
+    generate_splits,
+    make_example,
+    split_pairs,
+    verbalise,
+)
+from seqserve.model.tokenizer import train_tokenizer
 
 SMALL = CorpusConfig(n_train=1500, n_valid=200, n_test=300, seed=0)
 

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer, models
 
-from model.corpus import CorpusConfig, generate_splits
-from model.tokenizer import EOS, SPECIAL_TOKENS, load_tokenizer, special_ids, train_tokenizer
+from seqserve.contract.tokenizer import EOS, SPECIAL_TOKENS, load_tokenizer, special_ids
+from seqserve.model.corpus import CorpusConfig, generate_splits
+from seqserve.model.tokenizer import train_tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -10,14 +10,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from model import checkpoint as ck
-from model.corpus import copy_task_splits, write_tsv
-from model.data import bucket_batches, collate, tokenize_pairs
-from model.decoding import greedy_decode
-from model.presets import preset
-from model.tokenizer import train_tokenizer
-from model.train import lr_at, train
-from server.cli import main as cli
+from seqserve.cli.main import main as cli
+from seqserve.contract.tsv import heldout_pairs, write_tsv
+from seqserve.model import checkpoint as ck
+from seqserve.model.corpus import copy_task_splits
+from seqserve.model.data import bucket_batches, collate, tokenize_pairs
+from seqserve.model.decoding import greedy_decode
+from seqserve.model.presets import preset
+from seqserve.model.tokenizer import train_tokenizer
+from seqserve.model.train import lr_at, train
 
 SEQSERVE = str(Path(sys.executable).parent / "seqserve")
 
@@ -29,7 +30,7 @@ def test_tiny_preset_learns_the_copy_task(tiny_checkpoint):
     assert metrics["test"]["n"] == 200
     # The numbers in metrics.json are real: re-decode the held-out split from the saved weights.
     model, tok = ck.load_checkpoint(tiny_checkpoint)
-    pairs = [line.split("\t") for line in (tiny_checkpoint / ck.HELDOUT).read_text().splitlines()][:50]
+    pairs = heldout_pairs(tiny_checkpoint, 50)
     outs = greedy_decode(model, [tok.encode(s).ids for s, _ in pairs], metrics["max_new_tokens"])
     exact = sum(tok.decode(o, skip_special_tokens=True) == t for o, (_, t) in zip(outs, pairs)) / len(pairs)
     assert exact >= 0.9

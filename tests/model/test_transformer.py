@@ -6,11 +6,11 @@ import math
 import pytest
 import torch
 
-from model.attention import MultiHeadAttention
-from model.config import ModelConfig
-from model.decoding import greedy_decode, pad_batch
-from model.positional import sinusoid_table
-from model.transformer import Transformer
+from seqserve.model.attention import MultiHeadAttention
+from seqserve.model.config import ModelConfig
+from seqserve.model.decoding import greedy_decode, pad_batch
+from seqserve.model.positional import sinusoid_table
+from seqserve.model.transformer import Transformer
 
 
 def small_model(norm_first: bool = False, seed: int = 0, tie: bool = True) -> Transformer:

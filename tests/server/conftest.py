@@ -2,9 +2,9 @@
 from __future__ import annotations
 
 import pytest
-
 from grpc_harness import Served
-from server.app import App
+
+from seqserve.server.app import App
 
 
 @pytest.fixture(scope="session")
@@ -20,8 +20,8 @@ def reference(tiny_checkpoint, served):
     The oracle for the server's greedy outputs (DESIGN.md oracles 2-3): the tiny model copies most held-out
     lines but not all, so its held-out targets are not.
     """
-    from model.checkpoint import load_checkpoint
-    from model.decoding import greedy_decode
+    from seqserve.model.checkpoint import load_checkpoint
+    from seqserve.model.decoding import greedy_decode
     from seqserve.v1 import seqserve_pb2 as pb
 
     model, tok = load_checkpoint(tiny_checkpoint)

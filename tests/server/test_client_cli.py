@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import grpc
 import pytest
-
 from grpc_harness import PROVIDER
-from server.cli import main
-from server.client import Client
+
+from seqserve.cli.main import main
+from seqserve.server.client import Client
 
 
 def test_client_generate_stream_batch_and_model_info(served, heldout, reference):

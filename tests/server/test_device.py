@@ -4,8 +4,8 @@ from __future__ import annotations
 import onnxruntime as ort
 import pytest
 
-from server.device import CPU, CUDA, RuntimeConfig
-from server.runner import Runner
+from seqserve.server.device import CPU, CUDA, RuntimeConfig
+from seqserve.server.runner import Runner
 
 
 def test_auto_runs_on_the_provider_it_reports(tiny_bundle):

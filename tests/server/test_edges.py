@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import grpc
 import pytest
-
 from grpc_harness import request, wait_for
+
 from seqserve.v1 import seqserve_pb2 as pb
 
 LONG = dict(min_new_tokens=30, max_new_tokens=30)  # forced past the copy, so the row stays in the batch a while

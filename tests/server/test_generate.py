@@ -4,6 +4,7 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 
 from grpc_harness import PROVIDER, request, wait_for
+
 from seqserve.v1 import seqserve_pb2 as pb
 
 SAMPLING = dict(temperature=3.0, seed=1234)  # hot enough that the tiny, confident model really samples

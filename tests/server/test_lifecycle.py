@@ -13,13 +13,13 @@ from pathlib import Path
 import grpc
 import pytest
 from google.protobuf.descriptor_pool import DescriptorPool
+from grpc_harness import PROVIDER, request, wait_for
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 
-from grpc_harness import PROVIDER, request, wait_for
+from seqserve.server.app import App
 from seqserve.v1 import seqserve_pb2 as pb
 from seqserve.v1 import seqserve_pb2_grpc as pb_grpc
-from server.app import App
 
 REPO = Path(__file__).resolve().parents[2]
 SERVICE = "seqserve.v1.Generation"
@@ -110,13 +110,13 @@ def test_metric_values_move_as_requests_complete(served, heldout):
 
 SLOW_SERVE = """
 import sys, time
-from server.runner import Runner
+from seqserve.server.runner import Runner
 step = Runner.step
 def slow_step(self, *args):
     time.sleep(0.05)  # long enough generations to send SIGTERM mid-way
     return step(self, *args)
 Runner.step = slow_step
-from server.cli import main
+from seqserve.cli.main import main
 sys.exit(main(sys.argv[1:]))
 """
 
@@ -159,8 +159,9 @@ def test_signal_drains_in_flight_calls_and_exits_0(tiny_bundle, heldout, sig):
 
 
 def test_importing_the_server_does_not_import_torch():
-    code = ("import sys, server.app, server.service, server.engine, server.cli, server.client, server.settings\n"
-            "server.cli.build_parser()\n"
+    code = ("import sys, seqserve.server.app, seqserve.server.service, seqserve.server.engine, seqserve.cli.main\n"
+            "import seqserve.server.client, seqserve.server.settings\n"
+            "seqserve.cli.main.build_parser()\n"
             "assert 'torch' not in sys.modules, sorted(m for m in sys.modules if m.startswith('torch'))")
     subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True, timeout=120)
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from export import names
-from export.ort_io import cpu_session, decoder_feeds, encoder_feeds
-from server.device import RuntimeConfig
-from server.request import Request, SamplingParams
-from server.runner import Runner
+from seqserve.contract import names
+from seqserve.export.ort_io import cpu_session, decoder_feeds, encoder_feeds
+from seqserve.server.device import RuntimeConfig
+from seqserve.server.request import Request, SamplingParams
+from seqserve.server.runner import Runner
 
 
 class Alone:
@@ -66,8 +66,8 @@ def test_rows_joining_and_leaving_equal_each_row_alone(tiny_bundle):
 
 
 def test_trim_drops_leading_columns_once_half_of_the_past_is_unused():
-    from server.device import Device
-    from server.kv_cache import KVCache
+    from seqserve.server.device import Device
+    from seqserve.server.kv_cache import KVCache
 
     device = Device(RuntimeConfig(device="cpu"))
     cache = KVCache(device, n_layers=1, heads=1, head_dim=2)

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from server.request import Request, SamplingParams
-from server.sampling import next_tokens, sample_row
+from seqserve.server.request import Request, SamplingParams
+from seqserve.server.sampling import next_tokens, sample_row
 
 EOS = 0
 PROBS = np.array([0.05, 0.5, 0.3, 0.15])  # token 1 most likely, then 2, 3, and the end token 0

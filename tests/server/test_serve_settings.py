@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from server import device, settings as st
-from server.cli import build_parser
+from seqserve.cli.main import build_parser
+from seqserve.contract.devices import DEVICES
+from seqserve.server import settings as st
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -56,8 +57,12 @@ def test_limits_default_to_the_bundle_and_refuse_more(tiny_bundle):
     assert dataclasses.replace(s, default_max_new_tokens=8).limits(64, 40).default_max_new_tokens == 8
 
 
-def test_devices_match_the_runtime():
-    assert st.DEVICES == device.DEVICES
+def test_every_device_flag_offers_the_one_device_list():
+    parser = build_parser()
+    for command in ("serve", "verify", "bench"):
+        action = next(a for a in parser._subparsers._group_actions[0].choices[command]._actions
+                      if "--device" in a.option_strings)
+        assert tuple(action.choices) == DEVICES, command
 
 
 def test_a_taken_port_is_a_clear_error(served, make_server):
@@ -66,7 +71,7 @@ def test_a_taken_port_is_a_clear_error(served, make_server):
 
 
 def test_serve_help_documents_every_flag_and_its_variable():
-    out = subprocess.run([sys.executable, "-m", "server.cli", "serve", "--help"], cwd=REPO, capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "seqserve.cli", "serve", "--help"], cwd=REPO, capture_output=True,
                          text=True, check=True).stdout
     for f in dataclasses.fields(st.Settings):
         assert f"--{f.name.replace('_', '-')}" in out and st.env_name(f.name) in out

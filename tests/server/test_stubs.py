@@ -5,9 +5,9 @@ import dataclasses
 
 from google.protobuf import descriptor_pb2
 
+from seqserve import protogen
+from seqserve.server.request import SamplingParams
 from seqserve.v1 import seqserve_pb2 as pb
-from server import protogen
-from server.request import SamplingParams
 
 
 def test_committed_stubs_are_what_the_proto_generates(tmp_path):
@@ -34,8 +34,8 @@ def test_every_message_field_enum_value_and_method_has_a_comment(tmp_path):
 
 
 def test_decoding_options_have_one_name_everywhere():
-    from server.cli import build_parser
-    from server.client import OPTION_NAMES
+    from seqserve.cli.main import build_parser
+    from seqserve.server.client import OPTION_NAMES
 
     proto = [f.name for f in pb.DecodingOptions.DESCRIPTOR.fields]
     assert set(proto) == {f.name for f in dataclasses.fields(SamplingParams)}

@@ -12,6 +12,14 @@ HEADS, HEAD_DIM, VOCAB = "heads", "head_dim", "vocab"
 
 ENCODER_FILE = "encoder.onnx"
 DECODER_FILE = "decoder.onnx"
+GRAPHS = ("encoder", "decoder")
+
+
+def graph_files(variant: str) -> dict[str, str]:
+    """{"encoder": file, "decoder": file} of a variant: encoder.onnx for fp32, encoder.int8.onnx for int8, ..."""
+    if variant == "fp32":
+        return {"encoder": ENCODER_FILE, "decoder": DECODER_FILE}
+    return {graph: f"{graph}.{variant}.onnx" for graph in GRAPHS}
 
 # encoder.onnx inputs
 INPUT_IDS = "input_ids"  # int64 [batch, src_len]

@@ -9,13 +9,12 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from export import names
+from seqserve.contract import names
 
 FORMAT = "seqserve-bundle"
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 TOKENIZER = "tokenizer.json"
-HELDOUT = "heldout.tsv"  # the held-out split the variants' quality was measured on
 VARIANTS = ("fp32", "int8", "fp16")
 
 

@@ -1,4 +1,4 @@
-"""Generates the Python gRPC stubs from protos/ with grpcio-tools: `python -m server.protogen` (or `make protos`).
+"""Generates the Python gRPC stubs from protos/ with grpcio-tools: `python -m seqserve.protogen` (or `make protos`).
 
 The generated files are committed and never hand-edited; tests/server/test_stubs.py regenerates them into a
 temporary directory and fails when the committed ones differ.
@@ -8,7 +8,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-PROTO_ROOT = Path(__file__).resolve().parent.parent / "protos"
+PROTO_ROOT = Path(__file__).resolve().parent.parent  # protos/, which holds seqserve/v1/seqserve.proto
 PROTOS = ("seqserve/v1/seqserve.proto",)
 GENERATED = ("seqserve/v1/seqserve_pb2.py", "seqserve/v1/seqserve_pb2.pyi", "seqserve/v1/seqserve_pb2_grpc.py")
 

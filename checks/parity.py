@@ -11,15 +11,18 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from export import names, ort_io
-from export.manifest import load_manifest
-from export.quality import BATCH, CPU, generate, heldout_pairs, teacher_forced
-from export.verify import Check
-from model.checkpoint import load_checkpoint
-from model.decoding import greedy_decode, pad_batch
-from server.device import RuntimeConfig
-from server.runner import Runner
+from seqserve.checks.quality import BATCH, CPU, generate, teacher_forced
+from seqserve.checks.table import Check
+from seqserve.contract import names
+from seqserve.contract.manifest import load_manifest
+from seqserve.contract.tsv import heldout_pairs
+from seqserve.export import ort_io
+from seqserve.model.checkpoint import load_checkpoint
+from seqserve.model.decoding import greedy_decode, pad_batch
+from seqserve.server.device import RuntimeConfig
+from seqserve.server.runner import Runner
 
+PARITY_N = 256  # held-out lines compared with PyTorch
 ATOL = RTOL = 1e-4
 LIMIT = f"atol=rtol={ATOL:g}"
 

@@ -14,14 +14,16 @@ import numpy as np
 from tokenizers import Tokenizer
 from tqdm import tqdm
 
-from export import variants as vr
-from export.manifest import HELDOUT, load_manifest
-from model.tokenizer import load_tokenizer
-from server.device import RuntimeConfig
-from server.engine import Engine
-from server.request import FinishReason, Request, SamplingParams
-from server.runner import Runner
-from server.scheduler import Scheduler, SchedulerConfig
+from seqserve.contract import names
+from seqserve.contract.manifest import Manifest, load_manifest
+from seqserve.contract.tokenizer import load_tokenizer
+from seqserve.contract.tsv import HELDOUT, heldout_pairs
+from seqserve.export import variants as vr
+from seqserve.server.device import RuntimeConfig
+from seqserve.server.engine import Engine
+from seqserve.server.request import FinishReason, Request, SamplingParams
+from seqserve.server.runner import Runner
+from seqserve.server.scheduler import Scheduler, SchedulerConfig
 
 QUALITY_N = 500  # the first lines of the held-out split: a fixed evaluation set that keeps export quick
 MAX_EXACT_MATCH_DROP = 1.0  # points of exact match a variant may lose against fp32 before it is reported loudly
@@ -32,15 +34,6 @@ INT8_NOTE = ("activations are quantised at run time with one scale per tensor ov
              "logits depend on its batch mates: unlike fp32, continuous batching can change an int8 request's tokens")
 FP16_CPU_NOTE = ("runs on the CPU provider, but onnxruntime has no float16 CPU kernel for the ops listed under "
                  "float32 and casts them back to float32: on CPU this measures float16 weights, not float16 arithmetic")
-
-
-def heldout_pairs(bundle: Path, n: int = QUALITY_N) -> list[tuple[str, str]]:
-    """The first n (source, target) lines of the bundle's heldout.tsv (parsed here: the server has no corpus code)."""
-    path = Path(bundle) / HELDOUT
-    if not path.is_file():
-        return []
-    lines = [line.removesuffix("\r") for line in path.read_text(encoding="utf-8").split("\n")]
-    return [tuple(line.split("\t", 1)) for line in lines if line.strip()][:n]
 
 
 def generate(runner: Runner, tokenizer: Tokenizer, sources: list[list[int]], max_new_tokens: int) -> list[Request]:
@@ -132,7 +125,7 @@ def _notes(bundle: Path, model: dict, variant: str) -> dict:
     if variant == "int8":
         return {"note": INT8_NOTE}
     if variant == "fp16":
-        kernels = vr.cpu_kernel_precision(bundle / vr.files("fp16")["decoder"], model)
+        kernels = vr.cpu_kernel_precision(bundle / names.graph_files("fp16")["decoder"], model)
         note = {"note": FP16_CPU_NOTE} if kernels["float32"] else {}
         return {"cpu_provider": {"runs": True, "kernels": kernels, **note}}
     return {}
@@ -152,3 +145,13 @@ def _warn(variant: str, quality: dict) -> None:
         bar = "!" * 78
         print(f"{bar}\nWARNING: variant {variant} {quality['warning']} on {quality['n']} held-out lines\n{bar}",
               file=sys.stderr)
+
+
+def record_quality(bundle: str | Path, n: int = QUALITY_N, progress: bool = True) -> Manifest:
+    """Measures every variant of an exported bundle and writes the figures into its manifest (`seqserve export`)."""
+    bundle = Path(bundle)
+    manifest = load_manifest(bundle)
+    for name, quality in measure_quality(bundle, [v for v in manifest.variants if v != "fp32"], n, progress).items():
+        manifest.variants[name]["quality"] = quality
+    manifest.save(bundle)
+    return manifest

@@ -3,11 +3,14 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
+
+from seqserve.contract.devices import DEVICES
 
 
 def _train(args: argparse.Namespace) -> int:
-    from model.presets import preset
-    from model.train import train
+    from seqserve.model.presets import preset
+    from seqserve.model.train import train
 
     overrides = {k: v for k, v in {"max_steps": args.max_steps, "seed": args.seed, "threads": args.threads}.items()
                  if v is not None}
@@ -22,8 +25,8 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from server import settings
-    from server.app import run
+    from seqserve.server import settings
+    from seqserve.server.app import run
 
     return run(settings.load(args))
 
@@ -31,7 +34,7 @@ def _serve(args: argparse.Namespace) -> int:
 def _generate(args: argparse.Namespace) -> int:
     import grpc
 
-    from server.client import Client, decoding_from_args
+    from seqserve.server.client import Client, decoding_from_args
 
     decoding = decoding_from_args(args)
     with Client(args.server, timeout=args.timeout) as client:
@@ -54,8 +57,8 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _add_serving_commands(sub) -> None:
-    from server.client import add_decoding_arguments
-    from server.settings import add_arguments
+    from seqserve.server.client import add_decoding_arguments
+    from seqserve.server.settings import add_arguments
 
     p = sub.add_parser("serve", help="serve a bundle over gRPC (flags or SEQSERVE_* environment variables)",
                        description="Serves a bundle over gRPC with health, reflection and Prometheus metrics. "
@@ -95,10 +98,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from export.bundle import export_bundle
+    from seqserve.checks.quality import record_quality
+    from seqserve.export.bundle import export_bundle
 
-    manifest = export_bundle(args.checkpoint, args.out, int8=args.int8, fp16=args.fp16, quality_n=args.quality_n,
-                             progress=not args.quiet)
+    export_bundle(args.checkpoint, args.out, int8=args.int8, fp16=args.fp16, progress=not args.quiet)
+    manifest = record_quality(args.out, args.quality_n, progress=not args.quiet)
     for name, variant in manifest.variants.items():
         q = variant["quality"]
         agreement = f", top-1 agreement {q['top1_agreement']:.2%}" if "top1_agreement" in q else ""
@@ -106,16 +110,34 @@ def _export(args: argparse.Namespace) -> int:
         print(f"{name}: {measured}{'  WARNING: ' + q['warning'] if 'warning' in q else ''}")
     print(f"-> {args.out}")
     if args.ctranslate2:
-        from export.ctranslate2 import convert
+        from seqserve.export.ctranslate2 import convert
 
         print(f"CTranslate2 model -> {convert(args.checkpoint, args.ctranslate2)}")
     return 0
 
 
 def _verify(args: argparse.Namespace) -> int:
-    from export.verify import main as verify
+    """Prints the table; exit 1 when any tolerance is broken (or the bundle is refused). A pass writes the marker
+    that `make serve` waits for; any other outcome removes it."""
+    from seqserve.checks.table import format_table
+    from seqserve.checks.verify import clear_marker, verify, write_marker
+    from seqserve.server.device import RuntimeConfig
 
-    return verify(args.bundle, args.checkpoint, args.n, args.quality_n, progress=not args.quiet, device=args.device)
+    clear_marker(args.bundle)
+    runtime = RuntimeConfig(device=args.device, intra_op_threads=args.threads)
+    rows, skipped = verify(args.bundle, args.quality_n, not args.quiet, runtime), []
+    if args.checkpoint is None:
+        skipped.append("onnxruntime vs PyTorch (encoder and decoder-step outputs, teacher forcing, greedy tokens): "
+                       "no --checkpoint given; these need torch and the checkpoint the bundle was exported from")
+    else:
+        from seqserve.checks.parity import torch_parity  # torch only when asked for
+
+        rows += torch_parity(Path(args.bundle), Path(args.checkpoint), args.n, runtime)
+    print(format_table(rows, skipped))
+    if not all(r.ok for r in rows):
+        return 1
+    write_marker(args.bundle, rows, with_pytorch=args.checkpoint is not None)
+    return 0
 
 
 def _add_export_commands(sub) -> None:
@@ -135,20 +157,21 @@ def _add_export_commands(sub) -> None:
     p.add_argument("--checkpoint", help="the checkpoint it was exported from: adds the PyTorch parity checks")
     p.add_argument("--n", type=int, default=256, help="held-out lines compared with PyTorch")
     p.add_argument("--quality-n", type=int, default=500, help="held-out lines for the variants vs fp32")
-    p.add_argument("--device", choices=("cpu", "cuda", "auto"), default="cpu",
+    p.add_argument("--device", choices=DEVICES, default="cpu",
                    help="where the engine runs for the parity and variant checks (cuda: the GPU serving path)")
+    p.add_argument("--threads", type=int, default=0, help="onnxruntime intra-op threads (0 = one per core)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_verify)
 
 
 def _loadtest(args: argparse.Namespace) -> int:
-    from loadtest.driver import main as loadtest
+    from seqserve.loadtest.command import main as loadtest
 
     return loadtest(args)
 
 
 def _add_loadtest_command(sub) -> None:
-    from loadtest.driver import add_arguments  # stdlib + grpc only: locust runs in a child process
+    from seqserve.loadtest.command import add_arguments  # stdlib + grpc only: locust runs in a child process
 
     p = sub.add_parser("loadtest", help="load-test a running server with locust (headless): summary, SLOs, sweeps",
                        description="Runs loadtest/locustfile.py headless against --target and writes CSV, the HTML "
@@ -160,13 +183,15 @@ def _add_loadtest_command(sub) -> None:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from loadtest.bench import main as bench
+    from seqserve.loadtest.bench import main as bench
 
     return bench(args)
 
 
 def _add_bench_command(sub) -> None:
-    from loadtest.bench_config import add_arguments  # stdlib only: each row imports its backend in its own process
+    from seqserve.loadtest.bench_config import (
+        add_arguments,  # stdlib only: each row imports its backend in its own process
+    )
 
     p = sub.add_parser("bench", help="PyTorch vs the engine (fp32/int8) vs CTranslate2 on the same held-out inputs",
                        description="Decodes the same held-out inputs greedily with each backend, precision and batch "

@@ -1,0 +1,119 @@
+"""The package's layers, read from the source with ast (nothing is imported or executed).
+
+    cli                                   the command line: may import any layer, lazily per subcommand
+    checks, loadtest                      need PyTorch and the engine together (verify, parity, quality, bench)
+    export                                checkpoint -> bundle: model + contract
+    model (torch)   server (onnxruntime)  independent of each other
+    contract, v1                          the bundle contract and the generated gRPC code: import nothing of ours
+
+docs/architecture.md draws the same picture; this test is what keeps it true.
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+FOLDERS = {"contract": "contract", "model": "model", "server": "server", "export": "export", "checks": "checks",
+           "loadtest": "loadtest", "cli": "cli", "v1": "protos/seqserve/v1"}
+ALLOWED = {  # package -> the packages it may import
+    "v1": set(),
+    "contract": set(),
+    "model": {"contract"},
+    "server": {"contract", "v1"},
+    "export": {"contract", "model"},
+    "checks": {"contract", "model", "server", "export"},
+    "loadtest": {"contract", "model", "server", "export", "v1"},
+    "cli": {"contract", "model", "server", "export", "checks", "loadtest", "v1"},
+}
+# Imports of our own modules inside a function are allowed only where they keep a heavy or optional library out of a
+# process: the CLI (`serve` never loads torch), a benchmark row (each row's process loads only its own backend), and
+# the benchmark's CTranslate2 converter (ctranslate2 is an optional extra). File -> modules it may import lazily.
+LAZY_ALLOWED = {"cli/main.py": ("seqserve.",), "loadtest/bench_rows.py": ("seqserve.",),
+                "loadtest/bench.py": ("seqserve.export.ctranslate2",)}
+
+
+def _modules() -> dict[str, Path]:
+    """Dotted module name (seqserve.<package>.<module>) -> file."""
+    found = {}
+    for package, folder in FOLDERS.items():
+        for path in sorted((ROOT / folder).glob("*.py")):
+            stem = "" if path.stem == "__init__" else f".{path.stem}"
+            found[f"seqserve.{package}{stem}"] = path
+    return found
+
+
+def _imports(path: Path) -> list[tuple[str, bool]]:
+    """(imported seqserve module, whether the import is inside a function or class body)."""
+    tree = ast.parse(path.read_text(), str(path))
+    nested = {id(n) for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+              for n in ast.walk(f) if n is not f}
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+        elif isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        else:
+            continue
+        out += [(n, id(node) in nested) for n in names if n.split(".")[0] == "seqserve"]
+    return out
+
+
+def _package(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[1] in FOLDERS else None
+
+
+MODULES = _modules()
+GRAPH = {m: _imports(p) for m, p in MODULES.items()}
+
+
+def test_the_tree_is_what_this_test_reads():
+    assert len(MODULES) > 60 and {"seqserve.server.engine", "seqserve.contract.manifest", "seqserve.cli.main",
+                                  "seqserve.v1.seqserve_pb2"} <= set(MODULES)
+
+
+@pytest.mark.parametrize("package", sorted(ALLOWED))
+def test_each_layer_imports_only_the_layers_below_it(package):
+    wrong = sorted({f"{m} imports {target}" for m, imports in GRAPH.items() if _package(m) == package
+                    for target, _ in imports
+                    if _package(target) not in (package, None) and _package(target) not in ALLOWED[package]})
+    assert not wrong, "\n".join(wrong)
+
+
+def test_no_import_is_hidden_inside_a_function():
+    hidden = sorted({f"{MODULES[m].relative_to(ROOT)} imports {t}" for m, imports in GRAPH.items()
+                     for t, nested in imports
+                     if nested and not t.startswith(LAZY_ALLOWED.get(str(MODULES[m].relative_to(ROOT)), ("-",)))})
+    assert not hidden, "\n".join(hidden)
+
+
+def test_the_module_graph_has_no_cycle():
+    edges = {m: sorted({t for t, _ in imports if t in MODULES and t != m}) for m, imports in GRAPH.items()}
+    state: dict[str, int] = {}  # 1 = on the current path, 2 = done
+
+    def visit(m: str, path: list[str]) -> list[str] | None:
+        state[m] = 1
+        for t in edges[m]:
+            if state.get(t) == 1:
+                return path + [m, t]
+            if t not in state and (cycle := visit(t, path + [m])):
+                return cycle
+        state[m] = 2
+        return None
+
+    for m in edges:
+        if m not in state and (cycle := visit(m, [])):
+            pytest.fail("import cycle: " + " -> ".join(cycle[cycle.index(cycle[-1]):]))
+
+
+def test_the_checker_catches_what_it_forbids(tmp_path):
+    """The rules bite: a server module importing model, and a cycle, are both reported."""
+    bad = tmp_path / "bad.py"
+    bad.write_text("from seqserve.model.train import train\n\ndef f():\n    from seqserve.export import bundle\n")
+    imports = _imports(bad)
+    assert ("seqserve.model.train", False) in imports and ("seqserve.export.bundle", True) in imports
+    assert _package("seqserve.model.train") not in ALLOWED["server"]
