@@ -38,12 +38,8 @@ FP16_CPU_NOTE = ("runs on the CPU provider, but onnxruntime has no float16 CPU k
 
 def generate(runner: Runner, tokenizer: Tokenizer, sources: list[list[int]], max_new_tokens: int) -> list[Request]:
     """Greedy generation through the server's engine; every request is finished on return."""
-    engine = Engine(runner, tokenizer, Scheduler(SchedulerConfig(max_waiting=max(1, len(sources)))))
-    requests = [Request(input_ids=list(s), params=SamplingParams(max_new_tokens=max_new_tokens)) for s in sources]
-    for request in requests:
-        engine.submit(request)
-    engine.run_until_idle()
-    return requests
+    engine = Engine(runner, tokenizer, Scheduler(SchedulerConfig(max_batch_size=min(BATCH, runner.slots.capacity))))
+    return engine.generate([Request(list(s), SamplingParams(max_new_tokens=max_new_tokens)) for s in sources])
 
 
 def forced_targets(requests: list[Request], eos_id: int) -> list[list[int]]:
@@ -54,20 +50,28 @@ def forced_targets(requests: list[Request], eos_id: int) -> list[list[int]]:
 def teacher_forced(runner: Runner, sources: list[list[int]], targets: list[list[int]],
                    batch_size: int = BATCH) -> Iterator[tuple[int, np.ndarray]]:
     """Yields (first row, logits (B, T, V)) per chunk; step t feeds target t-1 (BOS first) at position t."""
-    special = runner.manifest.special_tokens
+    pad = runner.manifest.special_tokens["pad_id"]
     for start in range(0, len(sources), batch_size):
-        rows = [Request(input_ids=list(s), params=SamplingParams()) for s in sources[start : start + batch_size]]
+        rows = [Request(list(s), SamplingParams()) for s in sources[start : start + batch_size]]
         chunk = targets[start : start + batch_size]
         width = max(len(t) for t in chunk)
-        inputs = np.full((len(rows), width), special["pad_id"], np.int64)  # (B, T); pads after a row's end
-        inputs[:, 0] = special["bos_id"]
+        forced = np.full((len(rows), width), pad, np.int64)  # (B, T) the token fed after step t; pads after the end
         for i, target in enumerate(chunk):
-            inputs[i, 1 : len(target)] = target[:-1]
-        runner.update([], rows)
+            forced[i, : len(target) - 1] = target[:-1]
+        runner.encode(rows)
+        runner.admit(rows)
+        at = np.array([runner.slots.slot_of(r) for r in rows])  # (B,) each row's slot
         try:
-            steps = [runner.step(inputs[:, t].copy(), np.full(len(rows), t, np.int64)).copy() for t in range(width)]
+            steps = []
+            for t in range(width):
+                steps.append(runner.step()[at].copy())  # (B, V)
+                if t == width - 1:
+                    break
+                chosen = np.zeros(runner.slots.hi, np.int64)
+                chosen[at] = forced[:, t]
+                runner.slots.append(chosen, runner.slots.live[: runner.slots.hi])
         finally:
-            runner.update(list(runner.rows), [])
+            runner.retire(rows)
         yield start, np.stack(steps, axis=1)
 
 

@@ -105,19 +105,18 @@ def _engine(spec: RowSpec, work: Workload) -> tuple[Generate, str]:
     from seqserve.server.runner import Runner
     from seqserve.server.scheduler import Scheduler, SchedulerConfig
 
-    runner = Runner(work.bundle, RuntimeConfig(device=work.device, intra_op_threads=work.threads), spec.precision)
+    runner = Runner(work.bundle, RuntimeConfig(device=work.device, intra_op_threads=work.threads), spec.precision,
+                    capacity=spec.batch_size)
     tokenizer = load_tokenizer(work.bundle / load_manifest(work.bundle).tokenizer["file"])
 
     def generate(sources: list[list[int]], max_new_tokens: int) -> list[list[int]]:
         # The server's continuous batching; the KV budget is raised so only max_batch_size limits admission.
         need = spec.batch_size * max(len(s) + max_new_tokens for s in sources)
         scheduler = Scheduler(SchedulerConfig(max_batch_size=spec.batch_size, max_waiting=len(sources),
-                                              max_kv_tokens=max(SchedulerConfig.max_kv_tokens, need)))
+                                              max_kv_tokens=max(SchedulerConfig.max_kv_tokens, need),
+                                              cross_bytes_per_token=runner.cross_bytes_per_token))
         engine = Engine(runner, tokenizer, scheduler, Metrics())
-        requests = [Request(list(s), SamplingParams(max_new_tokens=max_new_tokens)) for s in sources]
-        for request in requests:  # every input submitted up-front
-            engine.submit(request)
-        engine.run_until_idle()
+        requests = engine.generate([Request(list(s), SamplingParams(max_new_tokens=max_new_tokens)) for s in sources])
         failed = [r.error for r in requests if r.error]
         if failed:
             raise RuntimeError(f"{len(failed)} engine requests failed: {failed[0]}")

@@ -24,22 +24,27 @@ def profile(runner: Runner, batch: int) -> dict[str, float]:
     """Milliseconds per operation at this batch size (the runner is left empty)."""
     rows = [Request(input_ids=SOURCE, params=SamplingParams()) for _ in range(batch)]
     start = time.perf_counter()
-    runner.update([], rows)
+    runner.encode(rows)
+    runner.admit(rows)
     encode = time.perf_counter() - start
-    last = np.ones(batch, np.int64)
-    for t in range(4):  # warm-up: first-run allocations stay untimed
-        runner.step(last, np.full(batch, t, np.int64))
+    live = runner.slots.live[: runner.slots.hi]
+    for _ in range(4):  # warm-up: first-run allocations stay untimed
+        runner.step()
+        runner.slots.append(np.ones(runner.slots.hi, np.int64), live)
     start = time.perf_counter()
-    for t in range(4, 4 + STEPS):
-        runner.step(last, np.full(batch, t, np.int64))
+    for _ in range(STEPS):
+        runner.step()
+        runner.slots.append(np.ones(runner.slots.hi, np.int64), live)
     step = (time.perf_counter() - start) / STEPS
     start = time.perf_counter()
-    runner.update(rows[:1], [])
+    runner.retire(rows[:1])
     leave = time.perf_counter() - start
+    joining = [Request(input_ids=SOURCE, params=SamplingParams())]
     start = time.perf_counter()
-    runner.update([], [Request(input_ids=SOURCE, params=SamplingParams())])
+    runner.encode(joining)
+    runner.admit(joining)
     join = time.perf_counter() - start
-    runner.update(runner.rows, [])
+    runner.retire(rows[1:] + joining)
     return {"step": 1e3 * step, "encode_batch": 1e3 * encode, "one_leaves": 1e3 * leave, "one_joins": 1e3 * join}
 
 
@@ -51,9 +56,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=0, help="intra-op threads (0 = one per core)")
     p.add_argument("--batch-sizes", default="1,8,64,256")
     args = p.parse_args(argv)
-    runner = Runner(args.bundle, RuntimeConfig(device=args.device, intra_op_threads=args.threads), args.variant)
+    sizes = [int(b) for b in args.batch_sizes.split(",")]
+    runner = Runner(args.bundle, RuntimeConfig(device=args.device, intra_op_threads=args.threads), args.variant,
+                    capacity=max(sizes))
     print(f"{runner.provider}, {args.variant}: milliseconds")
-    for batch in (int(b) for b in args.batch_sizes.split(",")):
+    for batch in sizes:
         ms = profile(runner, batch)
         print(f"batch {batch:4}: " + "  ".join(f"{name} {value:7.2f}" for name, value in ms.items()), flush=True)
     return 0

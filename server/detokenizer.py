@@ -1,22 +1,62 @@
-"""Incremental detokenisation and stop strings: turn one more token into the next piece of text."""
+"""Incremental detokenisation with stop strings: one request's text, built one token at a time.
+
+tokenizers' DecodeStream turns each new id into the new text in O(1) (it holds back a piece until a UTF-8 character
+split across byte-level tokens completes), instead of decoding the whole output again at every step. Text that a stop
+string may still cut is held back, so the pieces a stream sends always concatenate to exactly the unary text.
+"""
 from __future__ import annotations
 
 from tokenizers import Tokenizer
-
-from seqserve.server.request import Request
-
-REPLACEMENT = "\ufffd"  # byte-level BPE may split one UTF-8 character across tokens: hold the piece until it completes
+from tokenizers.decoders import DecodeStream
 
 
-def next_piece(tokenizer: Tokenizer, request: Request, final: bool) -> tuple[str, bool]:
-    """Returns (new text since the last piece, whether a stop string ended it); updates request.text."""
-    text = tokenizer.decode(request.output_ids, skip_special_tokens=True)
-    for stop in request.params.stop:
-        at = text.find(stop, max(0, len(request.text) - len(stop)))
-        if at >= 0:  # the stop string is reported as the finish reason and cut from the text
-            piece, request.text = text[len(request.text) : at], text[:at]
-            return piece, True
-    if (text.endswith(REPLACEMENT) and not final) or not text.startswith(request.text):
-        return "", False
-    piece, request.text = text[len(request.text) :], text
-    return piece, False
+class TextStream:
+    def __init__(self, tokenizer: Tokenizer, stops: tuple[str, ...] = ()) -> None:
+        self.tokenizer, self.stops = tokenizer, stops
+        self.longest = max(map(len, stops), default=0)
+        self._decode = DecodeStream(skip_special_tokens=True)
+        self.text = ""  # decoded so far (cut at a stop string once one appeared)
+        self.sent = 0  # characters of text already released
+        self.stopped = False  # a stop string appeared: the request ends with FINISH_REASON_STOP
+
+    def push(self, token_id: int) -> str:
+        """Adds one generated id; returns the text now safe to release ('' while held back)."""
+        piece = self._decode.step(self.tokenizer, token_id)
+        if piece:
+            start = max(0, len(self.text) - self.longest + 1)  # a stop string may straddle the previous text
+            self.text += piece
+            at = first_stop(self.text, self.stops, start)
+            if at is not None:
+                self.text, self.stopped = self.text[:at], True
+                return self._release(len(self.text))
+        return self._release(len(self.text) - held_back(self.text, self.stops))
+
+    def close(self, ids: list[int]) -> str:
+        """At the end: the final text (the whole output decoded once, unless a stop string cut it) minus what was
+        already released; returns the rest."""
+        if not self.stopped:
+            self.text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        return self._release(len(self.text))
+
+    def _release(self, upto: int) -> str:
+        if upto <= self.sent:
+            return ""
+        piece, self.sent = self.text[self.sent : upto], upto
+        return piece
+
+
+def first_stop(text: str, stops: tuple[str, ...], start: int = 0) -> int | None:
+    """Where the earliest stop string begins in text (searching from start), or None."""
+    found = [at for at in (text.find(s, start) for s in stops) if at >= 0]
+    return min(found) if found else None
+
+
+def held_back(text: str, stops: tuple[str, ...]) -> int:
+    """Length of the longest end of text that is the beginning of a stop string (it may still grow into one)."""
+    best = 0
+    for stop in stops:
+        for k in range(min(len(stop) - 1, len(text)), best, -1):
+            if stop[k - 1] == text[-1] and text.endswith(stop[:k]):
+                best = k
+                break
+    return best

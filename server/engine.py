@@ -1,10 +1,12 @@
-"""The engine: one background thread runs step() = schedule -> execute -> update, forever.
+"""The engine: one background thread runs step() = schedule -> run -> update -> emit, forever.
 
-Requests join and leave the running batch between any two steps. onnxruntime runs in this thread
-(it releases the GIL), so the gRPC event loop is never blocked by inference.
+Requests join and leave the running batch between any two steps. onnxruntime runs in this thread (it releases the
+GIL), so the gRPC event loop is never blocked by inference. A failure is isolated to the rows that cause it: the step
+is probed by halves to find them, they end with ERROR, and everyone else's step is retried.
 """
 from __future__ import annotations
 
+import collections
 import logging
 import threading
 import time
@@ -12,11 +14,12 @@ import time
 import numpy as np
 from tokenizers import Tokenizer
 
-from seqserve.server.detokenizer import next_piece
+from seqserve.server import finish
+from seqserve.server.detokenizer import TextStream
 from seqserve.server.metrics import Metrics
-from seqserve.server.request import Event, FinishReason, Request, RequestStatus
+from seqserve.server.request import FinishReason, Request, RequestStatus
 from seqserve.server.runner import Runner
-from seqserve.server.sampling import next_tokens
+from seqserve.server.sampling import choose
 from seqserve.server.scheduler import Plan, Scheduler
 
 log = logging.getLogger(__name__)
@@ -27,7 +30,13 @@ class Engine:
         self.runner, self.tokenizer, self.scheduler = runner, tokenizer, scheduler
         self.metrics = metrics or Metrics()
         special = runner.manifest.special_tokens
-        self.bos_id, self.eos_id = special["bos_id"], special["eos_id"]
+        self.eos_id = special["eos_id"]
+        self.banned = np.array([special[k] for k in ("pad_id", "bos_id", "unk_id")], np.int64)  # never sampled
+        self._text: dict[Request, TextStream] = {}  # text of each running request that streams or has stop strings
+        self._sampled: set[Request] = set()  # running requests whose token is not a plain argmax
+        self._sinks: set = set()  # sinks that got events this step: flushed once at its end
+        self._ended_waiting: list[Request] = []  # waiting requests this engine ended (their encoder failed)
+        self._last_step_at: float | None = None
         self._wake = threading.Condition()
         self._stopping = False
         self._thread: threading.Thread | None = None
@@ -39,65 +48,162 @@ class Engine:
         with self._wake:
             self._wake.notify()
 
+    def generate(self, requests: list[Request]) -> list[Request]:
+        """Offline: runs every request to its end in the calling thread (warm-up, verify, quality, bench)."""
+        pending = collections.deque(requests)
+        while pending or self.scheduler.has_work():
+            while pending and self.scheduler.n_waiting < self.scheduler.cfg.max_waiting:
+                self.submit(pending.popleft())
+            self.step()
+        return requests
+
     def step(self) -> None:
         plan = self.scheduler.schedule(time.monotonic())
-        self._execute_and_update(plan)
-        self._observe_gauges()
+        self._prepare(plan)
+        if self.runner.slots.n_live:
+            logits = self._run()
+            if logits is not None:
+                self._update(logits)
+        self._emit(plan)
 
-    def _execute_and_update(self, plan: Plan) -> None:
-        encode_s = self.runner.update(plan.retired, plan.admitted)
-        if encode_s is not None:
-            self.metrics.encoder_duration.observe(encode_s)
-        if not plan.running:
-            return
-        slots = self.runner.slots  # the running rows, in the cache's order, and None for free slots
-        last = np.array([r.output_ids[-1] if r is not None and r.output_ids else self.bos_id
-                         for r in slots], np.int64)  # (B,)
-        positions = np.array([len(r.output_ids) if r is not None else 0 for r in slots], np.int64)  # (B,) per row
+    def _prepare(self, plan: Plan) -> None:
+        """Frees the rows that left, runs the encoder (admitted rows without K/V, and some ahead), places rows."""
+        self.runner.retire(plan.retired)
+        for r in plan.retired:
+            self._forget(r)
+        if plan.encode:
+            self._encode(plan.encode)
+        admitted = [r for r in plan.admitted if not r.done]
+        self.runner.admit(admitted)
+        for r in admitted:
+            if r.stream or r.params.stop:
+                self._text[r] = TextStream(self.tokenizer, r.params.stop)
+            if not r.params.greedy:
+                self._sampled.add(r)
+
+    def _encode(self, requests: list[Request]) -> None:
+        try:
+            self.metrics.encoder_duration.observe(self.runner.encode(requests))
+        except Exception:
+            log.exception("encoder failed for %d sources; isolating the cause", len(requests))
+            for r in requests:
+                try:
+                    self.runner.encode([r])
+                except Exception:
+                    self.scheduler.unencode([r])
+                    if r.status is not RequestStatus.RUNNING:  # a running one is counted when it is retired
+                        self._ended_waiting.append(r)
+                    r.end(FinishReason.ERROR, time.monotonic(), finish.ERROR_MESSAGE)
+                    self._sinks.add(r.sink)
+
+    def _run(self) -> np.ndarray | None:
         start = time.perf_counter()
-        logits = self.runner.step(last, positions)  # (B, V)
+        try:
+            logits = self.runner.step()
+        except Exception:
+            log.exception("decoder step failed for %d rows; isolating the cause", self.runner.slots.n_live)
+            self._fail(self._culprits(self._live()))
+            if not self.runner.slots.n_live:
+                return None
+            try:
+                logits = self.runner.step()
+            except Exception:  # not caused by any one row (out of memory, a broken session): fail everyone
+                log.exception("decoder step failed again without the failing rows")
+                self._fail(self._live())
+                return None
         self.metrics.decoder_step_duration.observe(time.perf_counter() - start)
-        live = [i for i, r in enumerate(slots) if r is not None]
-        rows = [slots[i] for i in live]
-        if len(live) < len(slots):
-            logits = logits[live]  # (B_live, V)
-        self.metrics.batch_rows.observe(len(rows))
-        self._update(rows, next_tokens(logits, rows, self.eos_id))
+        self.metrics.batch_rows.observe(self.runner.slots.n_live)
+        return logits
 
-    def _update(self, rows: list[Request], chosen: np.ndarray) -> None:
-        now, delivered = time.monotonic(), 0
-        for request, token in zip(rows, chosen.tolist()):
-            self._observe_token(request, now)
-            if token == self.eos_id:
-                request.finish(FinishReason.EOS, now)
-                continue
-            request.output_ids.append(token)
-            delivered += 1
-            full = len(request.output_ids) >= request.params.max_new_tokens
-            piece, stopped = next_piece(self.tokenizer, request, final=full)
-            request.deliver(Event(token_ids=(token,), text=piece))
-            if stopped or full:
-                request.finish(FinishReason.STOP if stopped else FinishReason.LENGTH, now)
-        self.metrics.generated_tokens.inc(delivered)  # EOS is not returned, so not counted: equals usage
+    def _culprits(self, rows: list[int]) -> list[int]:
+        """The rows whose step fails on their own, found by halving (a handful of probes for one bad row)."""
+        try:
+            self.runner.probe(rows)
+            return []
+        except Exception:
+            if len(rows) == 1:
+                return rows
+            return self._culprits(rows[: len(rows) // 2]) + self._culprits(rows[len(rows) // 2 :])
 
-    def _observe_token(self, request: Request, now: float) -> None:
-        if request.first_token_at is None:
-            request.first_token_at = now
-            self.metrics.queue_duration.observe(request.scheduled_at - request.arrival)
-            self.metrics.time_to_first_token.observe(now - request.arrival)
+    def _live(self) -> list[int]:
+        return np.flatnonzero(self.runner.slots.live).tolist()
+
+    def _fail(self, rows: list[int]) -> None:
+        """These rows end with ERROR and leave now (they are counted when the scheduler retires them)."""
+        slots, now = self.runner.slots, time.monotonic()
+        failed = [slots.requests[i] for i in rows]
+        for r in failed:
+            r.end(FinishReason.ERROR, now, finish.ERROR_MESSAGE)
+            self._sinks.add(r.sink)
+            self._forget(r)
+        self.runner.retire(failed)
+
+    def _forget(self, r: Request) -> None:
+        self._text.pop(r, None)
+        self._sampled.discard(r)
+
+    def _update(self, logits: np.ndarray) -> None:
+        """Chooses every row's token, appends it, and ends the rows a finish rule says are done."""
+        slots, now = self.runner.slots, time.monotonic()
+        per_row = {s: (r, slots.ids[s, 1 : 1 + slots.length[s]]) for r in self._sampled
+                   if (s := slots.index.get(r.id)) is not None}
+        chosen = choose(logits, per_row, self.eos_id, self.banned)  # (hi,)
+        hi = slots.hi
+        live = slots.live[:hi]
+        codes = np.where(live, finish.after_token(chosen, slots.length[:hi], slots.max_new[:hi], self.eos_id), 0)
+        appended = live & (codes != 1)  # (hi,) EOS ends a row without being returned
+        new = np.flatnonzero(live & (slots.length[:hi] == 0))  # rows producing their first token now
+        slots.append(chosen, appended)
+        for s in new.tolist():
+            self._first_token(slots.requests[s], now)
+        for r, text in self._text.items():
+            s = slots.index[r.id]
+            if appended[s]:
+                piece = text.push(int(chosen[s]))
+                if text.stopped:
+                    codes[s] = finish.STOP
+                self._stream(r, (int(chosen[s]),), piece)
+        for s in np.flatnonzero(codes).tolist():
+            self._end(slots.requests[s], s, finish.REASONS[int(codes[s])], now)
+        self.metrics.generated_tokens.inc(int(appended.sum()))  # EOS is not returned, so not counted: equals usage
+        if self._last_step_at is not None:
+            self.metrics.inter_token_latency.observe(now - self._last_step_at)  # once per step: rows share it
+        self._last_step_at = now
+
+    def _first_token(self, r: Request, now: float) -> None:
+        r.first_token_at = now
+        self.metrics.queue_duration.observe(r.scheduled_at - r.arrival)
+        self.metrics.time_to_first_token.observe(now - r.arrival)
+
+    def _stream(self, r: Request, ids: tuple[int, ...], piece: str) -> None:
+        if r.stream:
+            r.emit(ids, piece)
+            self._sinks.add(r.sink)
+
+    def _end(self, r: Request, slot: int, reason: FinishReason, now: float) -> None:
+        r.output_ids = self.runner.slots.output(slot)
+        text = self._text.get(r)
+        if text is None:
+            r.text = self.tokenizer.decode(r.output_ids, skip_special_tokens=True)
         else:
-            self.metrics.inter_token_latency.observe(now - request.last_token_at)
-        request.last_token_at = now
+            self._stream(r, (), text.close(r.output_ids))
+            r.text = text.text
+        r.end(reason, now)
+        self._sinks.add(r.sink)
 
-    def _observe_gauges(self) -> None:
-        self.metrics.running.set(len(self.scheduler.running))
+    def _emit(self, plan: Plan) -> None:
+        """Once per step: every touched sink hands its events on, finishes are counted, gauges are set."""
+        for sink in self._sinks:
+            sink.flush()
+        self._sinks.clear()
+        for r in plan.retired + plan.dropped + self._ended_waiting:
+            self.metrics.finished.labels(r.finish_reason.value).inc()
+        self._ended_waiting.clear()
+        self.metrics.running.set(self.runner.slots.n_live)
         self.metrics.waiting.set(self.scheduler.n_waiting)
-        self.metrics.kv_cache_bytes.set(self.runner.cache.nbytes)
-
-    def run_until_idle(self) -> None:
-        """Steps in the calling thread until nothing is waiting or running (verify, bench, tests)."""
-        while self.scheduler.has_work():
-            self.step()
+        self.metrics.kv_cache_bytes.set(self.runner.nbytes)
+        if not self.runner.slots.n_live:
+            self._last_step_at = None  # an idle gap is not an inter-token latency
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="seqserve-engine", daemon=True)
@@ -110,11 +216,11 @@ class Engine:
             self._wake.notify()
         if self._thread is not None:
             self._thread.join(timeout)
-        now = time.monotonic()
-        self.scheduler.drain_waiting(FinishReason.CANCELLED, now)
-        for r in self.scheduler.running:
-            if r.status is RequestStatus.RUNNING:
-                r.finish(FinishReason.CANCELLED, now)
+        ended = [r for r in [*self.scheduler.waiting, *self.scheduler.running] if not r.done]
+        self.scheduler.drain(FinishReason.CANCELLED, time.monotonic())
+        for r in ended:
+            self.metrics.finished.labels(r.finish_reason.value).inc()
+            r.sink.flush()
 
     def _loop(self) -> None:
         while True:
@@ -125,15 +231,7 @@ class Engine:
                     return
             try:
                 self.step()
-            except Exception as exc:  # never lose a request: every row in flight gets the error
+            except Exception:  # a bug outside inference: never lose a request, fail what is in flight
                 log.exception("engine step failed")
-                self._fail_all(f"inference failed: {exc}")
-
-    def _fail_all(self, message: str) -> None:
-        now = time.monotonic()
-        failed = [r for r in self.scheduler.running if r.status is RequestStatus.RUNNING]
-        for r in failed:
-            r.fail(message, now)
-        self.scheduler.running = []
-        self.runner.update(list(self.runner.rows), [])
-        self._observe_gauges()
+                self._fail(self._live())
+                self._emit(Plan([], [], [], []))

@@ -22,6 +22,8 @@ MIN_TRIM = 8  # leading unused past columns worth a copy of the past (trimming i
 
 
 class KVCache:
+    """The concat graph's cache (decoder.onnx returns past + one column as a new tensor every step)."""
+
     def __init__(self, device: Device, n_layers: int, heads: int, head_dim: int, dtype=np.float32) -> None:
         self.device = device
         self.n_layers, self.heads, self.head_dim, self.dtype = n_layers, heads, head_dim, dtype
@@ -56,28 +58,29 @@ class KVCache:
         self.src_mask[slots] = 0
         self.live[slots] = 0
 
-    def admit(self, cross: list[np.ndarray], src_mask: np.ndarray, into: list[int]) -> None:
-        """New rows: their encoder K/V (Bn, H, Sn, Dh) per layer and source mask (Bn, Sn). The first len(into) rows
-        take those free slots, the rest are appended (the batch grows)."""
-        n_new, width = src_mask.shape[0], max(self.src_mask.shape[1], src_mask.shape[1])
+    def admit(self, crosses: list[list[np.ndarray]], into: list[int]) -> None:
+        """New rows: each one's encoder K/V per layer and kind [(H, Sn, Dh), ...] goes into its slot. A slot at or past
+        the batch's end grows the batch (slots are handed out lowest first, so growth is always at the end)."""
+        width = max([self.src_mask.shape[1]] + [c[0].shape[1] for c in crosses])
         if width > self.src_mask.shape[1]:  # a longer source: every row's cross K/V is padded wider
             self.cross_host = [_pad_to(c, width) for c in self.cross_host]
             self.src_mask = _pad_mask(self.src_mask, width)
-        reused, appended = len(into), slice(len(into), n_new)
-        if reused:
-            for host, new in zip(self.cross_host, cross):
-                host[into] = _pad_to(new[:reused], width)
-            self.src_mask[into] = _pad_mask(src_mask[:reused], width)
-            self.self_mask[into] = 0  # a new row has no past: all its columns are holes
-            self.live[into] = 1
-        if reused < n_new:
-            self.cross_host = [np.concatenate([host, _pad_to(new[appended], width)])
-                               for host, new in zip(self.cross_host, cross)]
-            self.src_mask = np.concatenate([self.src_mask, _pad_mask(src_mask[appended], width)])
-            holes = np.zeros((n_new - reused, self.heads, self.past_len, self.head_dim), self.dtype)
+        grow = max(into) + 1 - self.batch
+        if grow > 0:
+            self.cross_host = [np.concatenate([host, np.zeros((grow, *host.shape[1:]), self.dtype)])
+                               for host in self.cross_host]
+            self.src_mask = np.concatenate([self.src_mask, np.zeros((grow, width), np.int64)])
+            holes = np.zeros((grow, self.heads, self.past_len, self.head_dim), self.dtype)
             self.past = [self.device.put(np.concatenate([self.device.get(v), holes])) for v in self.past]
-            self.self_mask = np.concatenate([self.self_mask, np.zeros((n_new - reused, self.past_len), np.int64)])
-            self.live = np.concatenate([self.live, np.ones(n_new - reused, np.int64)])
+            self.self_mask = np.concatenate([self.self_mask, np.zeros((grow, self.past_len), np.int64)])
+            self.live = np.concatenate([self.live, np.zeros(grow, np.int64)])
+        for slot, cross in zip(into, crosses):
+            n = cross[0].shape[1]
+            for host, kv in zip(self.cross_host, cross):
+                host[slot] = 0
+                host[slot, :, :n] = kv
+            self.src_mask[slot], self.self_mask[slot] = 0, 0  # a new row has no past: all its columns are holes
+            self.src_mask[slot, :n], self.live[slot] = 1, 1
         self.cross = [self.device.put(c) for c in self.cross_host]
 
     def trim(self) -> None:

@@ -1,6 +1,8 @@
-"""One object per request, carried from the service through the scheduler and engine and back.
+"""One object per request, carried from the service through the scheduler, engine and runner and back.
 
-Status is an ordered enum: a request only moves forward (WAITING < RUNNING < FINISHED).
+Status is an ordered enum: a request only moves forward (WAITING < ENCODED < RUNNING < FINISHED). The way back to the
+caller is explicit: the Sink given at construction receives the request's Events (the service's sink hands them to
+its event loop; an offline caller passes none and reads the finished Request).
 """
 from __future__ import annotations
 
@@ -9,22 +11,25 @@ import itertools
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Protocol
 
 _ids = itertools.count(1)
 
 
 class RequestStatus(enum.IntEnum):
-    WAITING = 0
-    RUNNING = 1
-    FINISHED = 2
+    WAITING = 0  # queued for admission
+    ENCODED = 1  # still queued, its cross-attention K/V already computed (encode-ahead)
+    RUNNING = 2  # holds rows of the running batch
+    FINISHED = 3  # ended: finish_reason says why
 
 
 class FinishReason(enum.Enum):
     EOS = "eos"  # the model produced its end token
     LENGTH = "length"  # max_new_tokens reached
     STOP = "stop"  # a stop string appeared in the text
-    CANCELLED = "cancelled"  # the client went away
+    CANCELLED = "cancelled"  # the client went away, or the server stopped before it finished
     DEADLINE = "deadline"  # the gRPC deadline passed inside the loop
+    ERROR = "error"  # inference failed for this request (the service answers INTERNAL)
 
 
 @dataclass(frozen=True)
@@ -42,6 +47,12 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     stop: tuple[str, ...] = ()
     seed: int = 0
+    num_beams: int = 1  # 1 = no beam search (model/beam.py is the reference for > 1)
+    num_return_sequences: int = 1  # <= num_beams; the best first
+    length_penalty: float = 1.0  # score = cumulative logprob / generated tokens (end token counted) ** this
+    early_stopping: bool = False  # beams end at num_beams finished hypotheses (True) or by HF's heuristic (False)
+    return_logprobs: bool = False  # report each generated token's log-probability
+    top_logprobs: int = 0  # and this many most likely alternatives at each step
 
     @property
     def greedy(self) -> bool:
@@ -51,25 +62,48 @@ class SamplingParams:
 
 @dataclass(frozen=True)
 class Event:
-    """What the engine hands back to the service: new text and ids, or the end (finish_reason set)."""
+    """What the engine hands back: new text and ids (streams only), or the end (finish_reason set)."""
 
     token_ids: tuple[int, ...] = ()
     text: str = ""
     finish_reason: FinishReason | None = None
-    error: str | None = None  # set when inference failed: the service answers INTERNAL
+    error: str | None = None  # set with FinishReason.ERROR: a message that names no internals
+
+
+class Sink(Protocol):
+    """Where a request's Events go. put() is called from the engine thread during a step, flush() once at its end,
+    so a sink can hand a whole step's events to another thread in one hop."""
+
+    def put(self, request: Request, event: Event) -> None: ...
+
+    def flush(self) -> None: ...
+
+
+class NoSink:
+    """Offline use (warm-up, verify, bench): the finished Request itself is the result."""
+
+    def put(self, request: Request, event: Event) -> None:
+        pass
+
+    def flush(self) -> None:
+        pass
+
+
+NO_SINK = NoSink()
 
 
 @dataclass(eq=False)
 class Request:
     input_ids: list[int]  # source ids as the encoder sees them (ending with the end token)
-    params: SamplingParams
-    deliver: callable = lambda event: None  # thread-safe sink for Events (the service binds it to its event loop)
+    params: SamplingParams = field(default_factory=SamplingParams)
+    sink: Sink = NO_SINK  # receives this request's Events
+    stream: bool = False  # True: an Event per step with the new text; False: only the final Event
     deadline: float | None = None  # time.monotonic() by which the request must end
     id: int = field(default_factory=lambda: next(_ids))
     arrival: float = field(default_factory=time.monotonic)
     status: RequestStatus = RequestStatus.WAITING
-    output_ids: list[int] = field(default_factory=list)
-    text: str = ""  # detokenised output so far (stop strings cut it)
+    output_ids: list[int] = field(default_factory=list)  # generated ids (the end token excluded)
+    text: str = ""  # the returned text: final once FINISHED (a stop string cuts it)
     finish_reason: FinishReason | None = None
     error: str | None = None
     scheduled_at: float | None = None  # admitted into the running batch
@@ -77,10 +111,11 @@ class Request:
     last_token_at: float | None = None
     finished_at: float | None = None
     rng: object = None  # numpy Generator seeded from params.seed, made at the first sampled step
+    cross: list | None = None  # encode-ahead: this source's cross-attention K/V per layer, until it joins
     _cancelled: threading.Event = field(default_factory=threading.Event, repr=False)
 
     def cancel(self) -> None:
-        """Called from the service's thread; the engine drops the row at its next step."""
+        """Called from the service's thread; the engine drops the request at its next step."""
         self._cancelled.set()
 
     @property
@@ -94,14 +129,17 @@ class Request:
     def n_input_tokens(self) -> int:
         return len(self.input_ids)
 
-    def finish(self, reason: FinishReason, now: float) -> None:
-        self.status = RequestStatus.FINISHED
-        self.finish_reason = reason
-        self.finished_at = now
-        self.deliver(Event(finish_reason=reason))
+    @property
+    def done(self) -> bool:
+        return self.status is RequestStatus.FINISHED
 
-    def fail(self, message: str, now: float) -> None:
-        self.status = RequestStatus.FINISHED
-        self.finished_at = now
-        self.error = message
-        self.deliver(Event(error=message))
+    def emit(self, token_ids: tuple[int, ...], text: str) -> None:
+        """New output for a streaming caller (nothing is sent for an empty piece)."""
+        if text or token_ids:
+            self.sink.put(self, Event(token_ids=token_ids, text=text))
+
+    def end(self, reason: FinishReason, now: float, error: str | None = None) -> None:
+        """The one way a request finishes (engine.py and scheduler.py decide when, via finish.py)."""
+        self.status, self.finish_reason, self.finished_at, self.error = RequestStatus.FINISHED, reason, now, error
+        self.cross = None  # an encoded source that never ran frees its K/V here
+        self.sink.put(self, Event(finish_reason=reason, error=error))

@@ -1,11 +1,11 @@
-"""Pure execution on onnxruntime: encode newly admitted sources once (batched), then one decoder step for all
-running rows. Owns the KV cache. Every call goes through IO binding, so on CUDA the cache stays on the GPU and
-only token ids, masks and logits cross the bus; on CPU the same path runs with CPU OrtValues.
+"""Pure execution on onnxruntime: encode sources (ahead of admission, in batches), place rows into slots, and run one
+decoder step for every stepped row. Owns the slot map (slots.py) and the KV cache. Every call goes through IO
+binding, so on CUDA the cache stays on the device and only ids, positions, masks and logits cross the bus; on CPU the
+same path runs with CPU OrtValues.
 """
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -15,18 +15,14 @@ from seqserve.contract.manifest import Manifest, check_session_io, load_manifest
 from seqserve.server.device import Device, RuntimeConfig
 from seqserve.server.kv_cache import KVCache
 from seqserve.server.request import Request
+from seqserve.server.slots import Slots
 
-
-@dataclass
-class StepTimes:
-    """Seconds spent in onnxruntime during one engine step (the metrics' encoder and decoder histograms)."""
-
-    encode: float | None = None
-    decode: float | None = None
+DEFAULT_CAPACITY = 256  # rows the slot map holds; the scheduler's max_batch_size must not exceed it
 
 
 class Runner:
-    def __init__(self, bundle: str | Path, runtime: RuntimeConfig = RuntimeConfig(), variant: str = "fp32") -> None:
+    def __init__(self, bundle: str | Path, runtime: RuntimeConfig = RuntimeConfig(), variant: str = "fp32",
+                 capacity: int = DEFAULT_CAPACITY) -> None:
         self.bundle = Path(bundle)
         self.manifest: Manifest = load_manifest(self.bundle)
         if variant not in self.manifest.variants:
@@ -36,14 +32,16 @@ class Runner:
         files = self.manifest.variants[variant]
         self.encoder = self._session(files["encoder"]["file"], "encoder")
         self.decoder = self._session(files["decoder"]["file"], "decoder")
-        cfg = self.manifest.model
-        self.pad_id = self.manifest.special_tokens["pad_id"]
-        self.cache = KVCache(self.device, cfg["n_decoder_layers"], cfg["n_heads"], cfg["d_model"] // cfg["n_heads"])
-        self.slots: list[Request | None] = []  # the cache's rows: a request, or None for a free slot
-        n = cfg["n_decoder_layers"]
-        self._past_names = [names.past_input(i, k) for i in range(n) for k in names.KINDS]
-        self._cross_names = [names.cross_input(i, k) for i in range(n) for k in names.KINDS]
-        self._present_names = [names.present_output(i, k) for i in range(n) for k in names.KINDS]
+        cfg, special = self.manifest.model, self.manifest.special_tokens
+        self.pad_id = special["pad_id"]
+        self.n_layers = cfg["n_decoder_layers"]
+        self.slots = Slots(capacity, int(self.manifest.max_new_tokens), special["bos_id"])
+        self.cache = KVCache(self.device, self.n_layers, cfg["n_heads"], cfg["d_model"] // cfg["n_heads"])
+        self.cross_bytes_per_token = 2 * self.n_layers * cfg["d_model"] * 4  # float32 K and V of one source token
+        self._left = False  # a row left since the last step
+        self._past_names = names.past_inputs(self.n_layers)
+        self._cross_names = names.cross_inputs(self.n_layers)
+        self._present_names = names.present_outputs(self.n_layers)
 
     def _session(self, file: str, graph: str):
         path = self.bundle / file
@@ -56,45 +54,21 @@ class Runner:
         return self.device.provider
 
     @property
-    def rows(self) -> list[Request]:
-        """The live rows, in slot order."""
-        return [r for r in self.slots if r is not None]
+    def nbytes(self) -> int:
+        return self.cache.nbytes
 
-    def update(self, retired: list[Request], admitted: list[Request]) -> float | None:
-        """Frees retired rows' slots, encodes admitted rows into free slots (or new ones), and shrinks the cache
-        when it pays; returns the encoder's seconds (None if nothing was admitted)."""
-        if retired:
-            gone = {id(r) for r in retired}
-            freed = [i for i, r in enumerate(self.slots) if r is not None and id(r) in gone]
-            for i in freed:
-                self.slots[i] = None
-            self.cache.release(freed)
-        seconds = None
-        if admitted:
-            start = time.perf_counter()
-            cross, src_mask = self.encode([r.input_ids for r in admitted])
-            free = [i for i, r in enumerate(self.slots) if r is None][: len(admitted)]
-            self.cache.admit(cross, src_mask, free)
-            for slot, request in zip(free, admitted):
-                self.slots[slot] = request
-            self.slots += admitted[len(free) :]
-            seconds = time.perf_counter() - start
-        if retired:  # only a leaving row can leave slots free or past columns unused; admitted rows fill slots first
-            self._shrink()
-        return seconds
+    def encode(self, requests: list[Request]) -> float:
+        """One encoder call for these sources: each request keeps its own cross K/V [(H, S, Dh) per layer and kind]
+        until it joins (encode-ahead). Returns the seconds spent."""
+        start = time.perf_counter()
+        cross, mask = self.run_encoder([r.input_ids for r in requests])
+        for i, request in enumerate(requests):
+            n = int(mask[i].sum())
+            request.cross = [np.ascontiguousarray(c[i, :, :n]) for c in cross]  # a copy: the batch can be freed
+        return time.perf_counter() - start
 
-    def _shrink(self) -> None:
-        """Drops free slots once more than a quarter of the batch is free (nobody came to take them); otherwise
-        only trims past columns no live row uses."""
-        live = [i for i, r in enumerate(self.slots) if r is not None]
-        if 4 * (len(self.slots) - len(live)) > len(self.slots):
-            self.cache.compact(live)
-            self.slots = [self.slots[i] for i in live]
-        else:
-            self.cache.trim()
-
-    def encode(self, sources: list[list[int]]) -> tuple[list[np.ndarray], np.ndarray]:
-        """Right-padded sources -> cross K/V per layer (B, H, S, Dh) as host arrays, and the mask (B, S)."""
+    def run_encoder(self, sources: list[list[int]]) -> tuple[list[np.ndarray], np.ndarray]:
+        """Right-padded sources -> cross K/V per layer and kind (B, H, S, Dh) as host arrays, and the mask (B, S)."""
         width = max(len(s) for s in sources)
         ids = np.full((len(sources), width), self.pad_id, np.int64)  # (B, S)
         mask = np.zeros((len(sources), width), np.int64)
@@ -103,29 +77,82 @@ class Runner:
         binding = self.encoder.io_binding()
         binding.bind_cpu_input(names.INPUT_IDS, ids)
         binding.bind_cpu_input(names.ATTENTION_MASK, mask)
-        for name in names.encoder_outputs(self.cache.n_layers):
+        for name in names.encoder_outputs(self.n_layers):
             binding.bind_output(name, self.device.ort_device)
         self.encoder.run_with_iobinding(binding)
         return [self.device.get(v) for v in binding.get_outputs()], mask
 
-    def step(self, last_tokens: np.ndarray, positions: np.ndarray) -> np.ndarray:
-        """One decoder step for every slot: (B,) last ids and (B,) absolute positions -> logits (B, V) float32.
+    def admit(self, requests: list[Request]) -> None:
+        """Encoded requests take the lowest free slots; their cross K/V move into the cache."""
+        if not requests:
+            return
+        into = self.slots.free(len(requests))
+        self.cache.admit([r.cross for r in requests], into)
+        for slot, request in zip(into, requests):
+            self.slots.place(request, slot)
+            request.cross = None
 
-        Free slots take any id and position (say pad and 0); their logits are meaningless and ignored."""
-        step_mask = self.cache.step_mask()  # (B, P+1)
+    def retire(self, requests: list[Request]) -> None:
+        """Frees the rows of requests that left (the next step drops free slots or unused past columns if it pays:
+        after this step's admissions, which take free slots first)."""
+        freed = [s for s in (self.slots.slot_of(r) for r in requests) if s is not None]
+        for slot in freed:
+            self.slots.release(slot)
+        if freed:
+            self.cache.release(freed)
+            self._left = True
+
+    def _shrink(self) -> None:
+        """Compacts once more than a quarter of the cache rows are free (nobody came to take them); otherwise only
+        trims past columns no live row uses."""
+        live = np.flatnonzero(self.slots.live[: self.cache.batch]).tolist()
+        if 4 * (self.cache.batch - len(live)) > self.cache.batch:
+            self.cache.compact(live)
+            for new, old in enumerate(live):  # ascending, so a row only ever moves down into a slot already vacated
+                if new != old:
+                    self.slots.move(old, new)
+        else:
+            self.cache.trim()
+
+    def step(self) -> np.ndarray:
+        """One decoder step for every cache row: logits (hi, V) float32 for slots [0, hi); a free slot's are noise."""
+        if self._left:  # only a leaving row can leave slots free or past columns unused
+            self._shrink()
+            self._left = False
+        n = self.cache.batch
+        logits = self._run(np.arange(n), advance=True)
+        return logits[: self.slots.hi]
+
+    def probe(self, rows: list[int]) -> None:
+        """Runs the step for these slots alone, changing nothing: raises if one of them makes the graph fail."""
+        self._run(np.asarray(rows, np.int64), advance=False)
+
+    def _run(self, rows: np.ndarray, advance: bool) -> np.ndarray:
+        slots, cache = self.slots, self.cache
+        whole = advance  # the real step binds the cache itself; a probe binds copies of its rows
+        last = slots.ids[rows, slots.length[rows]]  # (B,)
+        step_mask = cache.step_mask()[rows]  # (B, P+1)
         binding = self.decoder.io_binding()
-        binding.bind_cpu_input(names.DECODER_INPUT_IDS, np.ascontiguousarray(last_tokens.reshape(-1, 1)))
-        binding.bind_cpu_input(names.POSITION_IDS, np.ascontiguousarray(positions.reshape(-1, 1)))
-        binding.bind_cpu_input(names.DECODER_ATTENTION_MASK, step_mask)
-        binding.bind_cpu_input(names.ENCODER_ATTENTION_MASK, self.cache.src_mask)
-        for name, value in zip(self._past_names, self.cache.past):
-            binding.bind_ortvalue_input(name, value)
-        for name, value in zip(self._cross_names, self.cache.cross):
-            binding.bind_ortvalue_input(name, value)
+        binding.bind_cpu_input(names.DECODER_INPUT_IDS, np.ascontiguousarray(last.reshape(-1, 1)))
+        binding.bind_cpu_input(names.POSITION_IDS, np.ascontiguousarray(slots.length[rows].reshape(-1, 1)))
+        binding.bind_cpu_input(names.DECODER_ATTENTION_MASK, np.ascontiguousarray(step_mask))
+        binding.bind_cpu_input(names.ENCODER_ATTENTION_MASK, np.ascontiguousarray(cache.src_mask[rows]))
+        for name, value in zip(self._past_names, cache.past):
+            _bind(binding, name, value, rows, whole, self.device)
+        for name, value in zip(self._cross_names, cache.cross):
+            _bind(binding, name, value, rows, whole, self.device)
         binding.bind_output(names.LOGITS, "cpu")  # sampling happens on the host
         for name in self._present_names:
             binding.bind_output(name, self.device.ort_device)
         self.decoder.run_with_iobinding(binding)
         outputs = binding.get_outputs()
-        self.cache.advance(outputs[1:], step_mask)
+        if advance:
+            cache.advance(outputs[1:], step_mask)
         return outputs[0].numpy()
+
+
+def _bind(binding, name: str, value, rows: np.ndarray, whole: bool, device: Device) -> None:
+    if whole:
+        binding.bind_ortvalue_input(name, value)
+    else:
+        binding.bind_ortvalue_input(name, device.put(device.get(value)[rows]))

@@ -1,7 +1,8 @@
-"""Next-token choice for a batch: greedy, temperature, top-k, top-p, repetition penalty, min_new_tokens.
+"""Next-token choice for a batch: greedy for every row in one argmax, then temperature, top-k, top-p, repetition
+penalty and min_new_tokens for the rows that ask for them.
 
-Each request draws from its own seeded generator, exactly one number per sampled step, so a seeded
-request gives the same output alone or inside any batch.
+Each request draws from its own seeded generator, exactly one number per sampled step, so a seeded request gives the
+same output alone or inside any batch. Sampled rows never return <pad>, <s> or <unk>: those ids are masked first.
 """
 from __future__ import annotations
 
@@ -10,22 +11,24 @@ import numpy as np
 from seqserve.server.request import Request
 
 
-def next_tokens(logits: np.ndarray, requests: list[Request], eos_id: int) -> np.ndarray:
-    """logits (B, V) float32 in the order of requests -> chosen ids (B,) int64."""
+def choose(logits: np.ndarray, per_row: dict[int, tuple[Request, np.ndarray]], eos_id: int,
+           banned: np.ndarray) -> np.ndarray:
+    """logits (B, V) float32 -> chosen ids (B,) int64. per_row maps a row to (its request, the ids it generated so
+    far) for the rows that are not plain greedy; banned (K,) are the ids sampling never returns."""
     chosen = logits.argmax(axis=-1)  # (B,) one vectorised argmax serves every greedy row
-    for row, request in enumerate(requests):
-        if not request.params.greedy:
-            chosen[row] = sample_row(logits[row], request, eos_id)
+    for row, (request, generated) in per_row.items():
+        chosen[row] = sample_row(logits[row], request, generated, eos_id, banned)
     return chosen.astype(np.int64)
 
 
-def sample_row(logits: np.ndarray, request: Request, eos_id: int) -> int:
+def sample_row(logits: np.ndarray, request: Request, generated: np.ndarray, eos_id: int, banned: np.ndarray) -> int:
     p = request.params
     x = logits.astype(np.float64)  # (V,) a copy; float64 keeps the cumulative sums exact enough to be reproducible
-    if p.repetition_penalty != 1.0 and request.output_ids:
-        seen = np.unique(np.asarray(request.output_ids))
+    x[banned] = -np.inf
+    if p.repetition_penalty != 1.0 and generated.size:
+        seen = np.unique(generated)
         x[seen] = np.where(x[seen] > 0, x[seen] / p.repetition_penalty, x[seen] * p.repetition_penalty)  # CTRL, 4.1
-    if len(request.output_ids) < p.min_new_tokens:
+    if generated.size < p.min_new_tokens:
         x[eos_id] = -np.inf
     if p.temperature == 0.0:
         return int(x.argmax())
@@ -46,3 +49,10 @@ def sample_row(logits: np.ndarray, request: Request, eos_id: int) -> int:
         request.rng = np.random.default_rng(p.seed)
     u = request.rng.random()  # one draw per step, whatever else is in the batch
     return int(min(np.searchsorted(np.cumsum(probs), u, side="right"), probs.size - 1))
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    """(..., V) float32 -> log-probabilities in float64 (numerically stable)."""
+    x = logits.astype(np.float64)
+    x -= x.max(axis=-1, keepdims=True)
+    return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))

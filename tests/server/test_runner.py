@@ -45,18 +45,24 @@ def test_rows_joining_and_leaving_equal_each_row_alone(tiny_bundle):
     leaves = {5: "a", 7: "c", 12: "b", 14: "d"}  # step -> the row retired before it
     slots, widths = [], []
     for t in range(16):
-        runner.update([rows[leaves[t]].request] if t in leaves else [], [rows[joins[t]].request] if t in joins else [])
-        slots.append([next(n for n in rows if rows[n].request is r) if r else None for r in runner.slots])
-        positions = np.array([len(r.output_ids) if r else 0 for r in runner.slots], np.int64)
-        last = np.array([r.output_ids[-1] if r and r.output_ids else special["bos_id"] for r in runner.slots])
-        logits = runner.step(last, positions)  # (B, V), free slots included
+        if t in leaves:
+            runner.retire([rows[leaves[t]].request])
+        if t in joins:
+            runner.encode([rows[joins[t]].request])
+            runner.admit([rows[joins[t]].request])
+        logits = runner.step()  # (hi, V), free slots included
+        hi = runner.slots.hi
+        slots.append([next(n for n in rows if rows[n].request is r) if r else None for r in runner.slots.requests[:hi]])
         widths.append(runner.cache.past_len)
-        for i, request in enumerate(runner.slots):
+        chosen = np.zeros(hi, np.int64)
+        for i, request in enumerate(runner.slots.requests[:hi]):
             if request is None:
                 continue
             want = next(row for row in rows.values() if row.request is request).step()
             np.testing.assert_allclose(logits[i], want, atol=1e-4, rtol=0)
-            request.output_ids.append(int(want.argmax()))
+            chosen[i] = int(want.argmax())
+            request.output_ids.append(chosen[i])
+        runner.slots.append(chosen, runner.slots.live[:hi])
     assert [len(rows[n].request.output_ids) for n in "abcde"] == [5, 11, 4, 9, 4]
     assert slots[5] == ["d", "b", "c"]  # d took the slot a left: nothing was copied
     assert slots[7] == ["d", "b"]  # c's free slot was a third of the batch: compacted away
@@ -79,10 +85,10 @@ def test_trim_drops_leading_columns_once_half_of_the_past_is_unused():
                                                  axis=2)) for v in cache.past]
             cache.advance(present, cache.step_mask())
 
-    source = [np.ones((1, 1, 3, 2), np.float32)] * 2
-    cache.admit(source, np.ones((1, 3), np.int64), into=[])  # row 0
+    source = [np.ones((1, 3, 2), np.float32)] * 2  # (H, S, Dh) K and V of one layer
+    cache.admit([source], into=[0])  # row 0
     steps(9)
-    cache.admit(source, np.ones((1, 3), np.int64), into=[])  # row 1 joins with 9 holes
+    cache.admit([source], into=[1])  # row 1 joins with 9 holes
     steps(1)
     cache.trim()
     assert cache.past_len == 10  # row 0 still uses every column

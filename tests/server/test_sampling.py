@@ -4,9 +4,10 @@ from __future__ import annotations
 import numpy as np
 
 from seqserve.server.request import Request, SamplingParams
-from seqserve.server.sampling import next_tokens, sample_row
+from seqserve.server.sampling import choose, sample_row
 
 EOS = 0
+NONE = np.array([], np.int64)  # no banned ids: every token of these tiny vocabularies is a real one
 PROBS = np.array([0.05, 0.5, 0.3, 0.15])  # token 1 most likely, then 2, 3, and the end token 0
 
 
@@ -14,8 +15,8 @@ def draws(n: int = 400, output_ids: tuple[int, ...] = (), logits: np.ndarray = n
     """The tokens chosen over n independently seeded requests."""
     chosen = set()
     for seed in range(n):
-        request = Request(input_ids=[5], params=SamplingParams(seed=seed, **options), output_ids=list(output_ids))
-        chosen.add(sample_row(logits.astype(np.float32), request, EOS))
+        request = Request(input_ids=[5], params=SamplingParams(seed=seed, **options))
+        chosen.add(sample_row(logits.astype(np.float32), request, np.array(output_ids, np.int64), EOS, NONE))
     return chosen
 
 
@@ -54,7 +55,8 @@ def test_a_seeded_request_draws_the_same_tokens_whatever_its_batch_mates():
 
     def run(batch: list[Request], steps: int = 12) -> None:
         for _ in range(steps):
-            for request, token in zip(batch, next_tokens(logits[: len(batch)].copy(), batch, EOS).tolist()):
+            per_row = {i: (r, np.array(r.output_ids, np.int64)) for i, r in enumerate(batch) if not r.params.greedy}
+            for request, token in zip(batch, choose(logits[: len(batch)].copy(), per_row, EOS, NONE).tolist()):
                 request.output_ids.append(token)
 
     options = SamplingParams(temperature=1.0, seed=7)
@@ -65,3 +67,11 @@ def test_a_seeded_request_draws_the_same_tokens_whatever_its_batch_mates():
     run(mates)
     assert mates[2].output_ids == alone.output_ids and len(set(alone.output_ids)) > 1
     assert mates[1].output_ids == [1] * 12  # the greedy mate takes the argmax every step
+
+
+def test_sampling_never_returns_the_banned_ids():
+    """pad, bos and unk are masked before sampling, however likely the model makes them."""
+    special_first = np.log(np.array([0.02, 0.9, 0.05, 0.03]))  # token 1 (say <pad>) dominates
+    request = Request(input_ids=[5], params=SamplingParams(temperature=1.0, seed=3))
+    banned = np.array([1], np.int64)
+    assert {sample_row(special_first.astype(np.float32), request, NONE, EOS, banned) for _ in range(300)} == {0, 2, 3}

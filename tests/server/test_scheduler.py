@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from seqserve.server.request import FinishReason, Request, RequestStatus, SamplingParams
-from seqserve.server.scheduler import QueueFull, Scheduler, SchedulerConfig, padded_kv_tokens
+from seqserve.server.scheduler import QueueFull, Scheduler, SchedulerConfig
 
 
 def req(src_len: int = 4, max_new: int = 8, deadline: float | None = None) -> Request:
@@ -19,21 +19,22 @@ def test_fcfs_up_to_max_batch_size_and_a_finished_row_makes_room_at_the_next_ste
     for r in (a, b, c):
         s.add(r)
     plan = s.schedule(now=0.0)
-    assert plan.admitted == [a, b] and plan.running == [a, b] and plan.retired == []
-    assert c.status is RequestStatus.WAITING and s.n_waiting == 1
-    a.finish(FinishReason.EOS, 1.0)
+    assert plan.admitted == [a, b] and s.running == [a, b] and plan.retired == []
+    assert c.status is RequestStatus.ENCODED and s.n_waiting == 1  # still queued, encoded with the admitted rows
+    a.end(FinishReason.EOS, 1.0)
     plan = s.schedule(now=1.0)
-    assert plan.retired == [a] and plan.admitted == [c] and plan.running == [b, c]  # kept rows first, then new ones
+    assert plan.retired == [a] and plan.admitted == [c] and s.running == [b, c]  # kept rows first, then new ones
 
 
 def test_kv_budget_counts_the_padded_batch_not_the_sum_of_rows():
+    """Each row alone needs 44 slots (88 together fit 100), but padded to the longest source and output it is
+    2 x (40 + 40) = 160: only one row is admitted."""
     long_source, long_output = req(src_len=40, max_new=4), req(src_len=4, max_new=40)
-    assert padded_kv_tokens([long_source, long_output]) == 2 * (40 + 40)  # each row alone would need only 44
     s = Scheduler(SchedulerConfig(max_kv_tokens=100))
     s.add(long_source)
     s.add(long_output)
     assert s.schedule(now=0.0).admitted == [long_source]  # 44 + 44 fits a sum, 160 padded slots do not
-    long_source.finish(FinishReason.EOS, 1.0)
+    long_source.end(FinishReason.EOS, 1.0)
     assert s.schedule(now=1.0).admitted == [long_output]
 
 
@@ -44,7 +45,7 @@ def test_the_head_waits_for_cache_and_is_never_overtaken():
         s.add(r)
     assert s.schedule(now=0.0).admitted == [running]
     assert s.schedule(now=0.1).admitted == []  # small would fit, but big is first in line
-    running.finish(FinishReason.LENGTH, 0.2)
+    running.end(FinishReason.LENGTH, 0.2)
     assert s.schedule(now=0.2).admitted == [big]  # 44 slots alone; with small, 2 x 44 would not fit
     assert s.n_waiting == 1
 
@@ -65,19 +66,50 @@ def test_queue_full_is_refused_at_once():
 
 
 def test_cancelled_and_expired_rows_leave_running_and_waiting():
-    events = []
+    class Events(list):  # a Sink that keeps every event
+        def put(self, request, event):
+            self.append(event)
+
+        def flush(self):
+            pass
+
+    events = Events()
     s = Scheduler(SchedulerConfig(max_batch_size=2))
     running_cancel, running_late = req(), req(deadline=5.0)
     waiting_cancel, waiting_late = req(), req(deadline=5.0)
     for r in (running_cancel, running_late, waiting_cancel, waiting_late):
-        r.deliver = events.append
+        r.sink = events
         s.add(r)
     s.schedule(now=0.0)
     running_cancel.cancel()
     waiting_cancel.cancel()
     plan = s.schedule(now=6.0)
-    assert plan.retired == [running_cancel, running_late] and plan.running == [] and s.n_waiting == 0
+    assert plan.retired == [running_cancel, running_late] and s.running == [] and s.n_waiting == 0
+    assert plan.dropped == [waiting_cancel, waiting_late]
     assert [r.finish_reason for r in (running_cancel, running_late, waiting_cancel, waiting_late)] == [
         FinishReason.CANCELLED, FinishReason.DEADLINE, FinishReason.CANCELLED, FinishReason.DEADLINE]
     assert sum(e.finish_reason is not None for e in events) == 4  # every request told exactly once
     assert not s.has_work()
+
+
+def test_encode_ahead_takes_waiting_requests_in_order_within_the_byte_budget():
+    """The encoder runs only when a joining row has no K/V; then it also takes the queue's head, in FCFS order, until
+    encode_batch or the byte budget stops it, and never skips a request to fit a later one."""
+    s = Scheduler(SchedulerConfig(max_batch_size=1, encode_batch=4, cross_bytes_per_token=10, max_encoded_bytes=100))
+    first, a, b, big, c = req(src_len=4), req(src_len=4), req(src_len=4), req(src_len=5), req(src_len=1)
+    for r in (first, a, b, big, c):
+        s.add(r)
+    plan = s.schedule(now=0.0)
+    assert plan.admitted == [first] and plan.encode == [first, a, b]  # 40 + 40 bytes; big's 50 would exceed 100
+    assert s.encoded_bytes == 80 and [r.status for r in (a, b, big, c)] == [
+        RequestStatus.ENCODED, RequestStatus.ENCODED, RequestStatus.WAITING, RequestStatus.WAITING]
+    for r in plan.encode:
+        r.cross = ["K/V"]  # what the runner does with an encoder call
+    first.end(FinishReason.EOS, 1.0)
+    plan = s.schedule(now=1.0)
+    assert plan.admitted == [a] and plan.encode == [] and s.encoded_bytes == 40  # a joins without an encoder call
+    a.end(FinishReason.EOS, 2.0)
+    b.cancel()
+    plan = s.schedule(now=2.0)
+    assert plan.dropped == [b] and b.cross is None and plan.admitted == [big] and plan.encode == [big, c]
+    assert s.encoded_bytes == 10  # b's K/V were released when it was cancelled; c (10 bytes) is held now

@@ -1,0 +1,37 @@
+"""Every rule that ends a request, in one place: the engine and the scheduler ask here and nowhere else.
+
+    EOS        the chosen token is the end token (it is not returned or counted)
+    LENGTH     max_new_tokens generated
+    STOP       a stop string appeared in the text (text.py finds it; the text is cut before it)
+    CANCELLED  the client went away (or the server stopped before the request finished)
+    DEADLINE   the call's deadline passed
+    ERROR      inference failed for this request alone (engine.py isolates it; the message names no internals)
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from seqserve.server.request import FinishReason, Request
+
+ERROR_MESSAGE = "inference failed for this request; the server log has the details"
+
+
+def abandoned(request: Request, now: float) -> FinishReason | None:
+    """CANCELLED or DEADLINE for a request nobody waits for any more, waiting or running."""
+    if request.cancelled:
+        return FinishReason.CANCELLED
+    if request.expired(now):
+        return FinishReason.DEADLINE
+    return None
+
+
+GOES_ON, EOS, LENGTH, STOP = 0, 1, 2, 3  # a row's state after a step, as one small integer per row
+REASONS = {EOS: FinishReason.EOS, LENGTH: FinishReason.LENGTH, STOP: FinishReason.STOP}
+
+
+def after_token(chosen: np.ndarray, length: np.ndarray, max_new: np.ndarray, eos_id: int) -> np.ndarray:
+    """For every stepped row at once: GOES_ON, EOS or LENGTH. chosen (B,) is this step's token, length (B,) counts
+    tokens generated before it, max_new (B,) is each row's limit (EOS wins over LENGTH). STOP comes from the text."""
+    eos = chosen == eos_id  # (B,)
+    full = length + 1 >= max_new  # (B,) the token about to be appended is the last one allowed
+    return np.where(eos, EOS, np.where(full, LENGTH, GOES_ON))

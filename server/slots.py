@@ -1,0 +1,79 @@
+"""The running batch as slots: which request holds each row, and every row's decoder state as preallocated arrays.
+
+A decoder step runs on rows [0, hi): every live row sits below hi, and a new row takes the lowest free slot, so the
+batch stays dense without moving anyone. Per-row state lives in arrays updated by vector operations (one numpy call
+per step for the whole batch, not a Python loop over rows): the tokens so far, the length, the limit.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from seqserve.server.request import Request
+
+
+class Slots:
+    def __init__(self, capacity: int, max_new_tokens: int, bos_id: int) -> None:
+        self.capacity, self.bos_id = capacity, bos_id
+        self.requests: list[Request | None] = [None] * capacity
+        self.ids = np.full((capacity, max_new_tokens + 1), bos_id, np.int64)  # (C, 1+T) BOS, then generated ids
+        self.length = np.zeros(capacity, np.int64)  # (C,) tokens generated = the position of the next input
+        self.max_new = np.zeros(capacity, np.int64)  # (C,) each row's max_new_tokens
+        self.live = np.zeros(capacity, bool)  # (C,)
+        self.hi = 0  # rows [0, hi) are stepped: every live row is below hi
+        self.index: dict[int, int] = {}  # request id -> its slot
+
+    @property
+    def n_live(self) -> int:
+        return int(self.live[: self.hi].sum())
+
+    def free(self, n: int) -> list[int]:
+        """The n lowest free slots (placing rows low keeps hi, the stepped batch, small)."""
+        found = np.flatnonzero(~self.live)[:n].tolist()
+        if len(found) < n:
+            raise RuntimeError(f"no free slot: {self.n_live} of {self.capacity} rows live")
+        return found
+
+    def place(self, request: Request, slot: int) -> None:
+        self.requests[slot] = request
+        self.index[request.id] = slot
+        self.ids[slot, 0] = self.bos_id
+        self.length[slot] = 0
+        self.max_new[slot] = request.params.max_new_tokens
+        self.live[slot] = True
+        self.hi = max(self.hi, slot + 1)
+
+    def release(self, slot: int) -> None:
+        self.index.pop(self.requests[slot].id, None)
+        self.requests[slot] = None
+        self.live[slot] = False
+        self.length[slot] = 0
+        while self.hi and not self.live[self.hi - 1]:
+            self.hi -= 1
+
+    def slot_of(self, request: Request) -> int | None:
+        return self.index.get(request.id)
+
+    def last_tokens(self) -> np.ndarray:
+        """(hi,) each stepped row's last id (BOS for a new row; free rows feed whatever they hold)."""
+        rows = np.arange(self.hi)
+        return self.ids[rows, self.length[: self.hi]]
+
+    def append(self, chosen: np.ndarray, rows: np.ndarray) -> None:
+        """chosen (hi,) ids; rows (hi,) bool: the rows whose id is written after their tokens."""
+        rows = np.flatnonzero(rows)
+        self.length[rows] += 1
+        self.ids[rows, self.length[rows]] = chosen[rows]
+
+    def output(self, slot: int) -> list[int]:
+        """The ids a row generated so far (BOS excluded)."""
+        return self.ids[slot, 1 : 1 + self.length[slot]].tolist()
+
+    def move(self, src: int, dst: int) -> None:
+        """Moves a live row to a free lower slot (compaction); the caller moves its cache rows too."""
+        self.requests[dst], self.requests[src] = self.requests[src], None
+        self.index[self.requests[dst].id] = dst
+        for a in (self.ids, self.length, self.max_new, self.live):
+            a[dst] = a[src]
+        self.live[src], self.length[src] = False, 0
+        while self.hi and not self.live[self.hi - 1]:
+            self.hi -= 1
