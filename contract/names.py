@@ -8,18 +8,23 @@ from __future__ import annotations
 # Dimensions: `heads`, `head_dim` and `vocab` are static (fixed by the model config).
 BATCH, SRC_LEN, PAST_LEN = "batch", "src_len", "past_len"
 TOTAL_LEN = "past_len + 1"  # the name the dynamo exporter derives for present K/V
+MAX_LEN = "max_len"  # decoder_inplace: the preallocated self-attention K/V buffers' length (the runner chooses it)
 HEADS, HEAD_DIM, VOCAB = "heads", "head_dim", "vocab"
 
 ENCODER_FILE = "encoder.onnx"
 DECODER_FILE = "decoder.onnx"
-GRAPHS = ("encoder", "decoder")
+DECODER_INPLACE_FILE = "decoder_inplace.onnx"
+ENCODER, DECODER, DECODER_INPLACE = "encoder", "decoder", "decoder_inplace"
+GRAPHS = (ENCODER, DECODER)  # every bundle has these; decoder is the plain-ONNX step (concatenated K/V cache)
+OPTIONAL_GRAPHS = (DECODER_INPLACE,)  # in-place K/V cache with com.microsoft contrib ops (a bundle may lack it)
+ALL_GRAPHS = GRAPHS + OPTIONAL_GRAPHS
 
 
 def graph_files(variant: str) -> dict[str, str]:
-    """{"encoder": file, "decoder": file} of a variant: encoder.onnx for fp32, encoder.int8.onnx for int8, ..."""
+    """{graph: file} of a variant: encoder.onnx / decoder_inplace.onnx for fp32, encoder.int8.onnx for int8, ..."""
     if variant == "fp32":
-        return {"encoder": ENCODER_FILE, "decoder": DECODER_FILE}
-    return {graph: f"{graph}.{variant}.onnx" for graph in GRAPHS}
+        return {ENCODER: ENCODER_FILE, DECODER: DECODER_FILE, DECODER_INPLACE: DECODER_INPLACE_FILE}
+    return {graph: f"{graph}.{variant}.onnx" for graph in ALL_GRAPHS}
 
 # encoder.onnx inputs
 INPUT_IDS = "input_ids"  # int64 [batch, src_len]
@@ -30,6 +35,12 @@ DECODER_INPUT_IDS = "input_ids"  # int64 [batch, 1]: each row's last token
 POSITION_IDS = "position_ids"  # int64 [batch, 1]: each row's own absolute position
 DECODER_ATTENTION_MASK = "decoder_attention_mask"  # int64 [batch, past_len + 1]: 1 = a real past slot or the new token
 ENCODER_ATTENTION_MASK = "encoder_attention_mask"  # int64 [batch, src_len]
+
+# decoder_inplace.onnx inputs besides DECODER_INPUT_IDS and ENCODER_ATTENTION_MASK (its K/V names are the decoder's).
+# Row b's cached tokens sit in columns [0, n_b) of its K/V buffers; the step writes column n_b in place and reads
+# only [0, n_b], so columns beyond a row's length may hold anything (a previous row's K/V).
+PAST_SEQ_LENS = "past_sequence_lengths"  # int32 [batch]: n_b, the new token's position and K/V column
+TOTAL_SEQ_LEN = "total_sequence_length"  # int32 scalar []: max(n_b) + 1
 
 LOGITS = "logits"  # float32 [batch, vocab]
 
@@ -56,6 +67,18 @@ def present_output(layer: int, kind: str) -> str:
     return f"present.{layer}.decoder.{kind}"
 
 
+def past_inputs(n_layers: int) -> list[str]:
+    return [past_input(i, k) for i in range(n_layers) for k in KINDS]
+
+
+def cross_inputs(n_layers: int) -> list[str]:
+    return [cross_input(i, k) for i in range(n_layers) for k in KINDS]
+
+
+def present_outputs(n_layers: int) -> list[str]:
+    return [present_output(i, k) for i in range(n_layers) for k in KINDS]
+
+
 def encoder_inputs() -> list[str]:
     return [INPUT_IDS, ATTENTION_MASK]
 
@@ -65,25 +88,30 @@ def encoder_outputs(n_layers: int) -> list[str]:
 
 
 def decoder_inputs(n_layers: int) -> list[str]:
-    return ([DECODER_INPUT_IDS, POSITION_IDS, DECODER_ATTENTION_MASK, ENCODER_ATTENTION_MASK]
-            + [past_input(i, k) for i in range(n_layers) for k in KINDS]
-            + [cross_input(i, k) for i in range(n_layers) for k in KINDS])
+    return [DECODER_INPUT_IDS, POSITION_IDS, DECODER_ATTENTION_MASK, ENCODER_ATTENTION_MASK] + past_inputs(
+        n_layers) + cross_inputs(n_layers)
 
 
 def decoder_outputs(n_layers: int) -> list[str]:
-    return [LOGITS] + [present_output(i, k) for i in range(n_layers) for k in KINDS]
+    return [LOGITS] + present_outputs(n_layers)
 
 
-def encoder_dims() -> dict[str, list[str]]:
-    """Expected dimension names by input/output (the static ones by their config name)."""
-    return {INPUT_IDS: [BATCH, SRC_LEN], ATTENTION_MASK: [BATCH, SRC_LEN]}
+def decoder_inplace_inputs(n_layers: int) -> list[str]:
+    """Past self-attention K/V [batch, heads, max_len, head_dim] are the very buffers the step writes (IO binding)."""
+    return [DECODER_INPUT_IDS, PAST_SEQ_LENS, TOTAL_SEQ_LEN, ENCODER_ATTENTION_MASK] + past_inputs(
+        n_layers) + cross_inputs(n_layers)
+
+
+def decoder_inplace_outputs(n_layers: int) -> list[str]:
+    """present.{i}.decoder.* [batch, heads, max_len, head_dim]: bind each to its past input's buffer."""
+    return decoder_outputs(n_layers)
 
 
 def kv_dims(length: str) -> list[str]:
     return [BATCH, HEADS, length, HEAD_DIM]
 
 
-INT64, FLOAT32 = "int64", "float32"
+INT32, INT64, FLOAT32 = "int32", "int64", "float32"
 
 
 def signature(n_layers: int) -> dict[str, dict[str, tuple[str, list]]]:
@@ -102,4 +130,10 @@ def signature(n_layers: int) -> dict[str, dict[str, tuple[str, list]]]:
     decoder.update({cross_input(i, k): kv(SRC_LEN) for i in range(n_layers) for k in KINDS})
     decoder[LOGITS] = (FLOAT32, [BATCH, VOCAB])
     decoder.update({present_output(i, k): kv(TOTAL_LEN) for i in range(n_layers) for k in KINDS})
-    return {"encoder": encoder, "decoder": decoder}
+    inplace = {DECODER_INPUT_IDS: (INT64, [BATCH, 1]), PAST_SEQ_LENS: (INT32, [BATCH]), TOTAL_SEQ_LEN: (INT32, []),
+               ENCODER_ATTENTION_MASK: (INT64, [BATCH, SRC_LEN])}
+    inplace.update({past_input(i, k): kv(MAX_LEN) for i in range(n_layers) for k in KINDS})
+    inplace.update({cross_input(i, k): kv(SRC_LEN) for i in range(n_layers) for k in KINDS})
+    inplace[LOGITS] = (FLOAT32, [BATCH, VOCAB])
+    inplace.update({present_output(i, k): kv(MAX_LEN) for i in range(n_layers) for k in KINDS})
+    return {ENCODER: encoder, DECODER: decoder, DECODER_INPLACE: inplace}

@@ -1,0 +1,161 @@
+"""decoder_inplace.onnx: one decoder step over preallocated self-attention K/V buffers, built from the PyTorch weights
+with onnx.helper (not traced), so every node is chosen: com.microsoft contrib ops that onnxruntime runs fused.
+
+Per layer, for a (batch, 1, d_model) step:
+    self-attention   MatMul(packed QKV) + Add -> GroupQueryAttention -> MatMul(W^O) -> SkipLayerNormalization
+    cross-attention  MatMul(W^Q) -> MultiHeadAttention(cross K/V in BNSH, source mask) -> MatMul -> SkipLayerNorm
+    feed-forward     MatMul + Add -> Relu -> MatMul -> SkipLayerNormalization
+SkipLayerNormalization takes the output projection's bias and the residual: LN(x + sublayer + b) (post-LN), or with
+the *next* LayerNorm's weights and its sum output as the new residual stream (pre-LN), so norms cost no extra node.
+
+GroupQueryAttention (kv_num_heads = num_heads) writes row b's new K/V at column past_sequence_lengths[b] of its
+past buffer and attends to columns [0, past_sequence_lengths[b]]. When present.* is bound to the same memory as
+past_key_values.* (IO binding), onnxruntime sees equal pointers and writes in place; with separate outputs it
+copies the past first (same numbers, more memory traffic).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import onnx
+import torch
+from onnx import TensorProto, helper, numpy_helper
+
+from seqserve.contract import names
+from seqserve.model.config import MASK_FILL
+from seqserve.model.transformer import Transformer
+
+OPSET = 18  # the default domain's opset, as the exported graphs
+MS_DOMAIN, MS_OPSET = "com.microsoft", 1
+LN_EPSILON = 1e-5  # torch.nn.LayerNorm's default
+CONTRIB_OPS = ("GroupQueryAttention", "MultiHeadAttention", "SkipLayerNormalization")
+
+
+def _np(t: torch.Tensor) -> np.ndarray:
+    return t.detach().cpu().to(torch.float32).numpy()
+
+
+class _Builder:
+    """Accumulates nodes and initializers; names every value once."""
+
+    def __init__(self) -> None:
+        self.nodes: list[onnx.NodeProto] = []
+        self.inits: list[onnx.TensorProto] = []
+        self._count = 0
+
+    def const(self, name: str, value: np.ndarray) -> str:
+        self.inits.append(numpy_helper.from_array(np.ascontiguousarray(value), name))
+        return name
+
+    def op(self, op_type: str, inputs: list[str], n_out: int = 1, domain: str = "", outputs: list[str] | None = None,
+           **attrs) -> list[str]:
+        self._count += 1
+        outputs = outputs or [f"{op_type.lower()}_{self._count}_{i}" for i in range(n_out)]
+        self.nodes.append(helper.make_node(op_type, inputs, outputs, name=f"{op_type}_{self._count}", domain=domain,
+                                           **attrs))
+        return outputs
+
+    def linear(self, x: str, layer: torch.nn.Linear, name: str, bias: bool = True) -> str:
+        """x @ W^T (+ b): the MatMul keeps a constant B, which dynamic int8 quantisation needs."""
+        (y,) = self.op("MatMul", [x, self.const(f"{name}.weight_t", _np(layer.weight).T)])
+        if bias:
+            (y,) = self.op("Add", [y, self.const(f"{name}.bias", _np(layer.bias))])
+        return y
+
+    def skip_norm(self, sublayer: str, residual: str, bias: np.ndarray, norm: torch.nn.Module, name: str,
+                  want_sum: bool) -> tuple[str, str | None]:
+        """(LN(sublayer + residual + bias), the un-normalised sum if wanted) in one SkipLayerNormalization."""
+        inputs = [sublayer, residual, self.const(f"{name}.gamma", _np(norm.weight)),
+                  self.const(f"{name}.beta", _np(norm.bias)), self.const(f"{name}.skip_bias", bias)]
+        self._count += 1
+        normed, total = f"skipln_{self._count}_out", f"skipln_{self._count}_sum"
+        self.nodes.append(helper.make_node("SkipLayerNormalization", inputs,
+                                           [normed, "", "", total] if want_sum else [normed],
+                                           name=f"SkipLayerNormalization_{self._count}", domain=MS_DOMAIN,
+                                           epsilon=LN_EPSILON))
+        return normed, (total if want_sum else None)
+
+
+def build_inplace_decoder(model: Transformer) -> onnx.ModelProto:
+    """The decoder_inplace graph of `model` (float32), inputs/outputs as names.decoder_inplace_inputs/outputs."""
+    cfg = model.cfg
+    n, heads = cfg.n_decoder_layers, cfg.n_heads
+    g = _Builder()
+    # Embedding (3.4): the table pre-multiplied by sqrt(d_model) is bitwise what PyTorch computes per lookup.
+    scaled = _np(model.tgt_embed.weight) * np.float32(model.positions.scale)  # (V, D)
+    (tok,) = g.op("Gather", [g.const("embed.scaled", scaled), names.DECODER_INPUT_IDS])  # (B, 1, D)
+    table = _np(model.positions.table)[:, None, :]  # (P, 1, D): a (B,) gather gives (B, 1, D) directly
+    (pos,) = g.op("Gather", [g.const("positions.table", table), names.PAST_SEQ_LENS])  # (B, 1, D)
+    (x,) = g.op("Add", [tok, pos])  # (B, 1, D) the residual stream
+    (src_mask,) = g.op("Cast", [names.ENCODER_ATTENTION_MASK], to=TensorProto.INT32)  # (B, S) the op's mask type
+    layers = list(model.decoder)
+    # Pre-LN: each SkipLayerNormalization applies the norm that the next sublayer (or dec_norm) starts with.
+    norms = [m for layer in layers for m in (layer.res_self.norm, layer.res_cross.norm, layer.res_ffn.norm)]
+    following = norms[1:] + [model.dec_norm]
+    h = x
+    if cfg.norm_first:
+        (h,) = g.op("LayerNormalization", [x, g.const("ln0.gamma", _np(norms[0].weight)),
+                                           g.const("ln0.beta", _np(norms[0].bias))], axis=-1, epsilon=LN_EPSILON)
+    for i, layer in enumerate(layers):
+        sub = f"decoder.{i}"
+        attn = layer.self_attn
+        packed = np.concatenate([_np(p.weight).T for p in (attn.q_proj, attn.k_proj, attn.v_proj)], axis=1)  # (D, 3D)
+        (qkv,) = g.op("MatMul", [h, g.const(f"{sub}.self.qkv.weight_t", packed)])
+        bias = np.concatenate([_np(p.bias) for p in (attn.q_proj, attn.k_proj, attn.v_proj)])
+        (qkv,) = g.op("Add", [qkv, g.const(f"{sub}.self.qkv.bias", bias)])  # (B, 1, 3D): Q | K | V, heads in order
+        (a, _, _) = g.op("GroupQueryAttention", [qkv, "", "", names.past_input(i, "key"),
+                                                 names.past_input(i, "value"), names.PAST_SEQ_LENS,
+                                                 names.TOTAL_SEQ_LEN], domain=MS_DOMAIN, num_heads=heads,
+                         kv_num_heads=heads, outputs=[f"{sub}.self.out", names.present_output(i, "key"),
+                                                      names.present_output(i, "value")])  # (B, 1, D)
+        h, x = _residual(g, g.linear(a, attn.o_proj, f"{sub}.self.o", bias=False), x, attn.o_proj,
+                         norms[3 * i] if not cfg.norm_first else following[3 * i], f"{sub}.self", cfg.norm_first)
+        cross = layer.cross_attn
+        q = g.linear(h, cross.q_proj, f"{sub}.cross.q")  # (B, 1, D)
+        (c,) = g.op("MultiHeadAttention", [q, names.cross_input(i, "key"), names.cross_input(i, "value"), "",
+                                           src_mask], domain=MS_DOMAIN, num_heads=heads,
+                    mask_filter_value=float(MASK_FILL), scale=1.0 / math.sqrt(cfg.head_dim))  # (B, 1, D)
+        h, x = _residual(g, g.linear(c, cross.o_proj, f"{sub}.cross.o", bias=False), x, cross.o_proj,
+                         norms[3 * i + 1] if not cfg.norm_first else following[3 * i + 1], f"{sub}.cross",
+                         cfg.norm_first)
+        (f,) = g.op("Relu", [g.linear(h, layer.ffn.w1, f"{sub}.ffn.w1")])  # (B, 1, F)
+        last = i == n - 1
+        h, x = _residual(g, g.linear(f, layer.ffn.w2, f"{sub}.ffn.w2", bias=False), x, layer.ffn.w2,
+                         norms[3 * i + 2] if not cfg.norm_first else following[3 * i + 2], f"{sub}.ffn",
+                         cfg.norm_first, keep_sum=not last)
+    out_weight = _np(model.out_proj.weight).T  # (D, V): a copy even when tied, since Gather needs (V, D)
+    (logits,) = g.op("MatMul", [h, g.const("out_proj.weight_t", out_weight)])  # (B, 1, V)
+    g.op("Squeeze", [logits, g.const("axis_1", np.array([1], np.int64))], outputs=[names.LOGITS])  # (B, V)
+    return _model(g, cfg)
+
+
+def _residual(g: _Builder, sublayer: str, x: str, proj: torch.nn.Linear, norm, name: str, norm_first: bool,
+              keep_sum: bool = True) -> tuple[str, str]:
+    """(next sublayer's input, residual stream) after one residual block (5.4 post-LN, or pre-LN)."""
+    normed, total = g.skip_norm(sublayer, x, _np(proj.bias), norm, name, want_sum=norm_first and keep_sum)
+    return (normed, total) if norm_first else (normed, normed)
+
+
+def _model(g: _Builder, cfg) -> onnx.ModelProto:
+    declared = names.signature(cfg.n_decoder_layers)[names.DECODER_INPLACE]
+    static = {names.HEADS: cfg.n_heads, names.HEAD_DIM: cfg.head_dim, names.VOCAB: cfg.vocab_size}
+    elem = {names.INT32: TensorProto.INT32, names.INT64: TensorProto.INT64, names.FLOAT32: TensorProto.FLOAT}
+
+    def value(name: str):
+        dtype, dims = declared[name]
+        return helper.make_tensor_value_info(name, elem[dtype], [static.get(d, d) for d in dims])
+
+    n = cfg.n_decoder_layers
+    graph = helper.make_graph(g.nodes, "decoder_inplace", [value(v) for v in names.decoder_inplace_inputs(n)],
+                              [value(v) for v in names.decoder_inplace_outputs(n)], g.inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET),
+                                                    helper.make_opsetid(MS_DOMAIN, MS_OPSET)],
+                              producer_name="seqserve.export.inplace_decoder")
+    model.ir_version = 10  # onnxruntime 1.31 reads up to 11; 10 matches the dynamo exporter's graphs
+    return model
+
+
+@torch.no_grad()
+def export_inplace_decoder(model: Transformer, path) -> None:
+    onnx.save(build_inplace_decoder(model.eval()), str(path))
