@@ -1,5 +1,5 @@
-"""The running rows' KV cache as one padded batch of slots, with the named batch operations admit / release / trim /
-compact / advance.
+"""The plain decoder.onnx's KV cache (the fallback for providers without onnxruntime's contrib attention ops): one
+padded batch of slots, with the named batch operations admit / release / trim / compact / advance.
 
 Layout: self-attention K/V per layer (B, H, P, Dh) on the device, a host mask (B, P) marking each slot's real past
 columns, and cross-attention K/V (B, H, S, Dh) right-padded to the longest source with a (B, S) source mask.
@@ -16,18 +16,64 @@ from __future__ import annotations
 
 import numpy as np
 
+from seqserve.contract import names
 from seqserve.server.device import Device
+from seqserve.server.slots import Slots
 
 MIN_TRIM = 8  # leading unused past columns worth a copy of the past (trimming is amortised: only when half is unused)
 
 
-class KVCache:
-    """The concat graph's cache (decoder.onnx returns past + one column as a new tensor every step)."""
+class ConcatCache:
+    """decoder.onnx returns past + one column as a new tensor every step; the cache keeps it as the next past."""
+
+    graph = names.DECODER
 
     def __init__(self, device: Device, n_layers: int, heads: int, head_dim: int, dtype=np.float32) -> None:
         self.device = device
         self.n_layers, self.heads, self.head_dim, self.dtype = n_layers, heads, head_dim, dtype
+        self._past_names, self._cross_names = names.past_inputs(n_layers), names.cross_inputs(n_layers)
+        self._present_names = names.present_outputs(n_layers)
         self._reset()
+
+    def run(self, decoder, slots: Slots, rows: np.ndarray | None = None) -> np.ndarray:
+        """One step for every cache row (rows=None: the real step, which advances the cache) or for some rows
+        alone, on copies (a probe, which changes nothing). Returns logits (B, V) float32."""
+        whole = rows is None
+        rows = np.arange(self.batch) if whole else rows
+        last = slots.ids[rows, slots.length[rows]]  # (B,)
+        step_mask = self.step_mask()[rows]  # (B, P+1)
+        binding = decoder.io_binding()
+        binding.bind_cpu_input(names.DECODER_INPUT_IDS, np.ascontiguousarray(last.reshape(-1, 1)))
+        binding.bind_cpu_input(names.POSITION_IDS, np.ascontiguousarray(slots.length[rows].reshape(-1, 1)))
+        binding.bind_cpu_input(names.DECODER_ATTENTION_MASK, np.ascontiguousarray(step_mask))
+        binding.bind_cpu_input(names.ENCODER_ATTENTION_MASK, np.ascontiguousarray(self.src_mask[rows]))
+        for name, value in zip(self._past_names + self._cross_names, self.past + self.cross):
+            binding.bind_ortvalue_input(name, value if whole else self.device.put(self.device.get(value)[rows]))
+        binding.bind_output(names.LOGITS, "cpu")  # sampling happens on the host
+        for name in self._present_names:
+            binding.bind_output(name, self.device.ort_device)
+        decoder.run_with_iobinding(binding)
+        outputs = binding.get_outputs()
+        if whole:
+            self.advance(outputs[1:], step_mask)
+        return outputs[0].numpy()
+
+    def after_leave(self, slots: Slots) -> None:
+        """Compacts once more than a quarter of the cache rows are free (nobody came to take them); otherwise only
+        trims past columns no live row uses. Runs before a step, after that step's admissions took free slots."""
+        live = np.flatnonzero(slots.live[: self.batch]).tolist()
+        if 4 * (self.batch - len(live)) > self.batch:
+            self.compact(live)
+            for new, old in enumerate(live):  # ascending, so a row only ever moves down into a slot already vacated
+                if new != old:
+                    slots.move(old, new)
+        else:
+            self.trim()
+
+    def reorder(self, dst: list[int], src: list[int]) -> None:
+        """Beam search: rows dst take over the past of rows src (all read before any is written)."""
+        self.past = [self.device.put(_copy_rows(self.device.get(v), dst, src)) for v in self.past]
+        self.self_mask[dst] = self.self_mask[src]
 
     def _reset(self) -> None:
         empty = np.zeros((0, self.heads, 0, self.head_dim), self.dtype)
@@ -114,6 +160,12 @@ class KVCache:
     def advance(self, present: list, step_mask: np.ndarray) -> None:
         """The step's present K/V (B, H, P+1, Dh) become the past; they stay where they are (device-resident)."""
         self.past, self.self_mask = list(present), step_mask
+
+
+def _copy_rows(a: np.ndarray, dst: list[int], src: list[int]) -> np.ndarray:
+    a = np.array(a)  # a writable host copy (the step's present may be read-only)
+    a[dst] = a[src]
+    return a
 
 
 def _pad_to(kv: np.ndarray, width: int) -> np.ndarray:

@@ -13,16 +13,28 @@ import numpy as np
 from seqserve.contract import names
 from seqserve.contract.manifest import Manifest, check_session_io, load_manifest
 from seqserve.server.device import Device, RuntimeConfig
-from seqserve.server.kv_cache import KVCache
+from seqserve.server.inplace_cache import InPlaceCache
+from seqserve.server.kv_cache import ConcatCache
 from seqserve.server.request import Request
 from seqserve.server.slots import Slots
 
 DEFAULT_CAPACITY = 256  # rows the slot map holds; the scheduler's max_batch_size must not exceed it
+KV_CACHES = ("auto", "inplace", "concat")  # auto: inplace when the bundle has decoder_inplace and it runs on the CPU
+
+
+def choose_cache(kind: str, variant_files: dict, provider_device: str) -> str:
+    """inplace (decoder_inplace.onnx, contrib ops, K/V written in place) or concat (plain decoder.onnx)."""
+    has = names.DECODER_INPLACE in variant_files
+    if kind == "inplace" and not has:
+        raise ValueError("--kv-cache inplace: this bundle variant has no decoder_inplace graph (re-export it)")
+    if kind == "auto":
+        return "inplace" if has and provider_device == "cpu" else "concat"
+    return kind
 
 
 class Runner:
     def __init__(self, bundle: str | Path, runtime: RuntimeConfig = RuntimeConfig(), variant: str = "fp32",
-                 capacity: int = DEFAULT_CAPACITY) -> None:
+                 capacity: int = DEFAULT_CAPACITY, kv_cache: str = "auto") -> None:
         self.bundle = Path(bundle)
         self.manifest: Manifest = load_manifest(self.bundle)
         if variant not in self.manifest.variants:
@@ -31,17 +43,19 @@ class Runner:
         self.device = Device(runtime)
         files = self.manifest.variants[variant]
         self.encoder = self._session(files["encoder"]["file"], "encoder")
-        self.decoder = self._session(files["decoder"]["file"], "decoder")
         cfg, special = self.manifest.model, self.manifest.special_tokens
         self.pad_id = special["pad_id"]
         self.n_layers = cfg["n_decoder_layers"]
-        self.slots = Slots(capacity, int(self.manifest.max_new_tokens), special["bos_id"])
-        self.cache = KVCache(self.device, self.n_layers, cfg["n_heads"], cfg["d_model"] // cfg["n_heads"])
+        max_new, heads, head_dim = int(self.manifest.max_new_tokens), cfg["n_heads"], cfg["d_model"] // cfg["n_heads"]
+        self.slots = Slots(capacity, max_new, special["bos_id"])
+        self.kv_cache = choose_cache(kv_cache, files, self.device.ort_device)  # the encoder session settled the device
+        if self.kv_cache == "inplace":
+            self.cache = InPlaceCache(self.device, self.n_layers, heads, head_dim, capacity, max_new)
+        else:
+            self.cache = ConcatCache(self.device, self.n_layers, heads, head_dim)
+        self.decoder = self._session(files[self.cache.graph]["file"], self.cache.graph)
         self.cross_bytes_per_token = 2 * self.n_layers * cfg["d_model"] * 4  # float32 K and V of one source token
         self._left = False  # a row left since the last step
-        self._past_names = names.past_inputs(self.n_layers)
-        self._cross_names = names.cross_inputs(self.n_layers)
-        self._present_names = names.present_outputs(self.n_layers)
 
     def _session(self, file: str, graph: str):
         path = self.bundle / file
@@ -102,57 +116,18 @@ class Runner:
             self.cache.release(freed)
             self._left = True
 
-    def _shrink(self) -> None:
-        """Compacts once more than a quarter of the cache rows are free (nobody came to take them); otherwise only
-        trims past columns no live row uses."""
-        live = np.flatnonzero(self.slots.live[: self.cache.batch]).tolist()
-        if 4 * (self.cache.batch - len(live)) > self.cache.batch:
-            self.cache.compact(live)
-            for new, old in enumerate(live):  # ascending, so a row only ever moves down into a slot already vacated
-                if new != old:
-                    self.slots.move(old, new)
-        else:
-            self.cache.trim()
-
     def step(self) -> np.ndarray:
-        """One decoder step for every cache row: logits (hi, V) float32 for slots [0, hi); a free slot's are noise."""
+        """One decoder step for every stepped row: logits (hi, V) float32 for slots [0, hi); a free slot's are noise."""
         if self._left:  # only a leaving row can leave slots free or past columns unused
-            self._shrink()
+            self.cache.after_leave(self.slots)
             self._left = False
-        n = self.cache.batch
-        logits = self._run(np.arange(n), advance=True)
-        return logits[: self.slots.hi]
+        return self.cache.run(self.decoder, self.slots)[: self.slots.hi]
 
     def probe(self, rows: list[int]) -> None:
         """Runs the step for these slots alone, changing nothing: raises if one of them makes the graph fail."""
-        self._run(np.asarray(rows, np.int64), advance=False)
+        self.cache.run(self.decoder, self.slots, np.asarray(rows, np.int64))
 
-    def _run(self, rows: np.ndarray, advance: bool) -> np.ndarray:
-        slots, cache = self.slots, self.cache
-        whole = advance  # the real step binds the cache itself; a probe binds copies of its rows
-        last = slots.ids[rows, slots.length[rows]]  # (B,)
-        step_mask = cache.step_mask()[rows]  # (B, P+1)
-        binding = self.decoder.io_binding()
-        binding.bind_cpu_input(names.DECODER_INPUT_IDS, np.ascontiguousarray(last.reshape(-1, 1)))
-        binding.bind_cpu_input(names.POSITION_IDS, np.ascontiguousarray(slots.length[rows].reshape(-1, 1)))
-        binding.bind_cpu_input(names.DECODER_ATTENTION_MASK, np.ascontiguousarray(step_mask))
-        binding.bind_cpu_input(names.ENCODER_ATTENTION_MASK, np.ascontiguousarray(cache.src_mask[rows]))
-        for name, value in zip(self._past_names, cache.past):
-            _bind(binding, name, value, rows, whole, self.device)
-        for name, value in zip(self._cross_names, cache.cross):
-            _bind(binding, name, value, rows, whole, self.device)
-        binding.bind_output(names.LOGITS, "cpu")  # sampling happens on the host
-        for name in self._present_names:
-            binding.bind_output(name, self.device.ort_device)
-        self.decoder.run_with_iobinding(binding)
-        outputs = binding.get_outputs()
-        if advance:
-            cache.advance(outputs[1:], step_mask)
-        return outputs[0].numpy()
-
-
-def _bind(binding, name: str, value, rows: np.ndarray, whole: bool, device: Device) -> None:
-    if whole:
-        binding.bind_ortvalue_input(name, value)
-    else:
-        binding.bind_ortvalue_input(name, device.put(device.get(value)[rows]))
+    def reorder(self, dst: list[int], src: list[int]) -> None:
+        """Beam search: rows dst continue from rows src (tokens so far and self K/V)."""
+        self.slots.copy_rows(dst, src)
+        self.cache.reorder(dst, src)

@@ -77,3 +77,8 @@ class Slots:
         self.live[src], self.length[src] = False, 0
         while self.hi and not self.live[self.hi - 1]:
             self.hi -= 1
+
+    def copy_rows(self, dst: list[int], src: list[int]) -> None:
+        """Beam search: rows dst continue from rows src's tokens (all read before any is written)."""
+        self.ids[dst] = self.ids[src]
+        self.length[dst] = self.length[src]

@@ -1,0 +1,108 @@
+"""decoder_inplace.onnx's KV cache: self-attention K/V preallocated per slot, written in place by the graph itself.
+
+Layout: per layer and kind a (C, H, L, Dh) buffer for C slots and L = the bundle's max_new_tokens; row b's cached
+tokens are columns [0, n_b) and the step writes column n_b (GroupQueryAttention with present bound to the past's
+memory). Cross-attention K/V (C, H, W, Dh) hold each row's source right-padded to W, the longest live source, with a
+(C, W) mask. A step runs on slots [0, hi) only: the first hi rows of every buffer are contiguous, so they are bound as
+they are, without a copy.
+
+Nothing is copied when a row joins (its cross K/V go into its slot; its stale self K/V beyond n_b = 0 are never read),
+when it leaves, or when a step appends a token. Only a longer source than any live one widens the cross buffers.
+"""
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+
+from seqserve.contract import names
+from seqserve.server.device import Device
+from seqserve.server.slots import Slots
+
+
+class InPlaceCache:
+    graph = names.DECODER_INPLACE
+
+    def __init__(self, device: Device, n_layers: int, heads: int, head_dim: int, capacity: int, max_len: int,
+                 dtype=np.float32) -> None:
+        if device.ort_device != "cpu":  # the buffers are host arrays written with numpy; see docs/architecture.md
+            raise ValueError("the in-place KV cache runs on the CPU provider; use --kv-cache concat on CUDA")
+        self.device, self.n_layers, self.heads, self.head_dim, self.dtype = device, n_layers, heads, head_dim, dtype
+        shape = (capacity, heads, max_len, head_dim)
+        self.self_kv = [np.zeros(shape, dtype) for _ in range(2 * n_layers)]  # (C, H, L, Dh): K0, V0, K1, V1, ...
+        self._values = [ort.OrtValue.ortvalue_from_numpy(b) for b in self.self_kv]  # wrap, never copy
+        self._reset_cross(capacity, 0)
+        self._past, self._present = names.past_inputs(n_layers), names.present_outputs(n_layers)
+        self._cross_names = names.cross_inputs(n_layers)
+
+    def _reset_cross(self, capacity: int, width: int) -> None:
+        self.cross = [np.zeros((capacity, self.heads, width, self.head_dim), self.dtype)
+                      for _ in range(2 * self.n_layers)]  # (C, H, W, Dh)
+        self.src_mask = np.zeros((capacity, width), np.int64)  # (C, W) 1 = a source token of the slot's row
+
+    @property
+    def capacity(self) -> int:
+        return self.self_kv[0].shape[0]
+
+    @property
+    def width(self) -> int:
+        return self.src_mask.shape[1]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(b.nbytes for b in self.self_kv) + sum(c.nbytes for c in self.cross)
+
+    def admit(self, crosses: list[list[np.ndarray]], into: list[int]) -> None:
+        """New rows' encoder K/V [(H, Sn, Dh) per layer and kind] go into their slots."""
+        width = max(c[0].shape[1] for c in crosses)
+        if width > self.width:  # a longer source than any before: widen (the only copy this cache makes)
+            old_cross, old_mask, old_width = self.cross, self.src_mask, self.width
+            self._reset_cross(self.capacity, width)
+            for new, old in zip(self.cross, old_cross):
+                new[:, :, :old_width] = old
+            self.src_mask[:, :old_width] = old_mask
+        for slot, cross in zip(into, crosses):
+            n = cross[0].shape[1]
+            for buf, kv in zip(self.cross, cross):
+                buf[slot, :, :n] = kv
+            self.src_mask[slot] = 0
+            self.src_mask[slot, :n] = 1
+
+    def release(self, slots: list[int]) -> None:
+        self.src_mask[slots] = 0  # a free slot attends to no source: finite, ignored logits
+
+    def after_leave(self, slots: Slots) -> None:
+        """Once every row has left, the cross buffers shrink back (the next sources set their width again)."""
+        if slots.hi == 0 and self.width:
+            self._reset_cross(self.capacity, 0)
+
+    def reorder(self, dst: list[int], src: list[int]) -> None:
+        """Beam search: rows dst take over the self K/V of rows src, in place (fancy indexing reads src first)."""
+        for buf in self.self_kv:
+            buf[dst] = buf[src]
+
+    def run(self, decoder, slots: Slots, rows: np.ndarray | None = None) -> np.ndarray:
+        """One step for slots [0, hi) in place (rows=None), or for some rows alone on copies of their buffers (a probe,
+        which changes nothing). Returns logits (B, V) float32."""
+        whole = rows is None
+        n = slots.hi if whole else len(rows)
+        pick = slice(0, n) if whole else rows
+        lens = slots.length[pick].astype(np.int32)  # (B,) each row's cached tokens = its position
+        binding = decoder.io_binding()
+        binding.bind_output(names.LOGITS, "cpu")
+        binding.bind_cpu_input(names.DECODER_INPUT_IDS, slots.ids[pick, slots.length[pick]].reshape(-1, 1))
+        binding.bind_cpu_input(names.PAST_SEQ_LENS, lens)
+        binding.bind_cpu_input(names.TOTAL_SEQ_LEN, np.array(int(lens.max()) + 1, np.int32))
+        binding.bind_cpu_input(names.ENCODER_ATTENTION_MASK, np.ascontiguousarray(self.src_mask[pick]))
+        for past, present, buf, value in zip(self._past, self._present, self.self_kv, self._values):
+            if whole:  # the first n rows of the buffer, by pointer: the graph writes their new column in place
+                shape = (n, *buf.shape[1:])
+                binding.bind_input(past, "cpu", 0, buf.dtype, shape, value.data_ptr())
+                binding.bind_output(present, "cpu", 0, buf.dtype, shape, value.data_ptr())
+            else:
+                copy = ort.OrtValue.ortvalue_from_numpy(buf[rows])  # a probe writes into its own copy
+                binding.bind_ortvalue_input(past, copy)
+                binding.bind_ortvalue_output(present, copy)
+        for name, buf in zip(self._cross_names, self.cross):
+            binding.bind_cpu_input(name, buf[:n] if whole else np.ascontiguousarray(buf[rows]))
+        decoder.run_with_iobinding(binding)
+        return binding.get_outputs()[0].numpy()
