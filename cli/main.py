@@ -32,12 +32,17 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _generate(args: argparse.Namespace) -> int:
+    import math
+
     import grpc
 
+    from seqserve.server.channel import connection_from_args
     from seqserve.server.client import Client, decoding_from_args
 
+    if args.timeout is not None and not (math.isfinite(args.timeout) and args.timeout > 0):
+        raise ValueError(f"--timeout must be a finite number of seconds > 0, got {args.timeout}")
     decoding = decoding_from_args(args)
-    with Client(args.server, timeout=args.timeout) as client:
+    with Client(args.server, timeout=args.timeout, connection=connection_from_args(args)) as client:
         try:
             if args.stream:
                 for piece in client.stream(args.input, **decoding):
@@ -57,6 +62,7 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _add_serving_commands(sub) -> None:
+    from seqserve.server.channel import add_connection_arguments
     from seqserve.server.client import add_decoding_arguments
     from seqserve.server.settings import add_arguments
 
@@ -72,6 +78,7 @@ def _add_serving_commands(sub) -> None:
     p.add_argument("--server", default="127.0.0.1:50051", help="host:port of the gRPC server")
     p.add_argument("--stream", action="store_true", help="print pieces as they are produced")
     p.add_argument("--timeout", type=float, help="deadline of the call in seconds")
+    add_connection_arguments(p)  # TLS, client certificate, bearer token (docs/security.md)
     add_decoding_arguments(p)  # the proto's option names; unset ones take the server's defaults
     p.set_defaults(func=_generate)
 
@@ -117,13 +124,19 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    """Prints the table; exit 1 when any tolerance is broken (or the bundle is refused). A pass writes the marker
-    that `make serve` waits for; any other outcome removes it."""
+    """Prints the table; exit 1 when any tolerance is broken or a file differs from its digest, exit 2 when the
+    bundle is malformed. A pass writes the marker that `make serve` waits for; any other outcome removes it."""
     from seqserve.checks.table import format_table
     from seqserve.checks.verify import clear_marker, verify, write_marker
+    from seqserve.contract.integrity import open_bundle
+    from seqserve.contract.manifest import IntegrityError
     from seqserve.server.device import RuntimeConfig
 
     clear_marker(args.bundle)
+    try:
+        open_bundle(args.bundle, graphs=True)  # malformed (schema, tokenizer, graphs vs manifest): exit 2 via main
+    except IntegrityError:
+        pass  # a modified or missing file: the table's integrity row reports it (exit 1)
     runtime = RuntimeConfig(device=args.device, intra_op_threads=args.threads)
     rows, skipped = verify(args.bundle, args.quality_n, not args.quiet, runtime), []
     if args.checkpoint is None:

@@ -6,20 +6,30 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field
+import logging
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from seqserve.contract import names
+from seqserve.contract import graph_check, names, schema
 
 FORMAT = "seqserve-bundle"
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
+DIGEST = "bundle.sha256"  # `<sha256 of manifest.json>  manifest.json`, as sha256sum writes it (sha256sum -c works)
 TOKENIZER = "tokenizer.json"
 VARIANTS = ("fp32", "int8", "fp16")
 
 
+log = logging.getLogger(__name__)
+_WARNED: set[str] = set()
+
+
 class BundleError(ValueError):
-    """A bundle that must not be served: the message names the file at fault."""
+    """A bundle that must not be served: the message names the file at fault (and the field, for the manifest)."""
+
+
+class IntegrityError(BundleError):
+    """A listed file is missing or its bytes differ from the digest recorded for it (corrupted or modified)."""
 
 
 def sha256_of(path: Path) -> str:
@@ -59,7 +69,10 @@ class Manifest:
         return json.dumps(self.__dict__, indent=2, sort_keys=False) + "\n"
 
     def save(self, directory: Path) -> None:
-        (Path(directory) / MANIFEST).write_text(self.to_json())
+        """Writes manifest.json and bundle.sha256, the digest that covers the manifest itself."""
+        text = self.to_json()
+        (Path(directory) / MANIFEST).write_text(text)
+        (Path(directory) / DIGEST).write_text(f"{hashlib.sha256(text.encode()).hexdigest()}  {MANIFEST}\n")
 
 
 def expected_io(n_layers: int) -> dict:
@@ -68,21 +81,20 @@ def expected_io(n_layers: int) -> dict:
 
 
 def load_manifest(directory: str | Path, check_files: bool = True) -> Manifest:
-    """Reads and checks a bundle: format and version, I/O names, every listed file's presence and sha256."""
+    """Reads and checks a bundle: the manifest's digest, its schema (every field's type and range), format and
+    version, I/O names, paths inside the bundle, and every listed file's presence and sha256."""
     directory = Path(directory)
     path = directory / MANIFEST
     if not path.is_file():
         raise BundleError(f"{path}: missing (is {directory} a seqserve bundle?)")
+    raw = path.read_bytes()
+    check_digest(directory, raw)
     try:
-        data = json.loads(path.read_text())
-        if data.get("format") != FORMAT:
-            raise BundleError(f"{path}: format is {data.get('format')!r}, expected {FORMAT!r}")
-        if data.get("format_version") != FORMAT_VERSION:
-            raise BundleError(f"{path}: format_version {data.get('format_version')!r} is not supported "
-                              f"(this seqserve reads version {FORMAT_VERSION}); re-export the bundle")
-        manifest = Manifest(**data)
-    except (json.JSONDecodeError, TypeError) as exc:
-        raise BundleError(f"{path}: not a valid manifest: {exc}") from exc
+        data = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise BundleError(f"{path}: not valid JSON: {exc}") from exc
+    _check_schema(path, data)
+    manifest = Manifest(**data)
     if manifest.io != expected_io(manifest.n_layers):
         raise BundleError(f"{path}: graph input/output names differ from this seqserve's contract (export/names.py)")
     if "fp32" not in manifest.variants:
@@ -91,6 +103,44 @@ def load_manifest(directory: str | Path, check_files: bool = True) -> Manifest:
         for entry in listed_files(manifest):
             check_file(directory, entry)
     return manifest
+
+
+def _check_schema(path: Path, data) -> None:
+    if not isinstance(data, dict):
+        raise BundleError(f"{path}: must be a JSON object, got {type(data).__name__}")
+    if data.get("format") != FORMAT:
+        raise BundleError(f"{path}: format is {data.get('format')!r}, expected {FORMAT!r}")
+    if data.get("format_version") != FORMAT_VERSION:
+        raise BundleError(f"{path}: format_version {data.get('format_version')!r} is not supported "
+                          f"(this seqserve reads version {FORMAT_VERSION}); re-export the bundle")
+    known = {f.name for f in fields(Manifest)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise BundleError(f"{path}: unknown field(s) {unknown} (format_version {FORMAT_VERSION} has {sorted(known)})")
+    try:
+        schema.manifest_schema(VARIANTS).check(data, "")
+    except schema.SchemaError as exc:
+        raise BundleError(f"{path}: {exc}") from None
+    problems = schema.cross_field_problems(data)
+    if problems:
+        raise BundleError(f"{path}: {'; '.join(problems)}")
+
+
+def check_digest(directory: Path, manifest_bytes: bytes) -> None:
+    """bundle.sha256 must match manifest.json when present; a bundle without one (exported before it existed) is
+    served with a warning."""
+    path = Path(directory) / DIGEST
+    if not path.is_file():
+        if str(directory) not in _WARNED:  # once per bundle: quality checks and tests reload it many times
+            _WARNED.add(str(directory))
+            log.warning("%s: no %s, so %s is covered by no digest; re-export the bundle to add one", directory,
+                        DIGEST, MANIFEST)
+        return
+    recorded = path.read_text().split(maxsplit=1)[0] if path.read_text().strip() else ""
+    actual = hashlib.sha256(manifest_bytes).hexdigest()
+    if recorded != actual:
+        raise IntegrityError(f"{Path(directory) / MANIFEST}: sha256 {actual[:12]}... does not match {DIGEST} "
+                             f"({recorded[:12] or 'empty'}...); the manifest was modified or corrupted")
 
 
 def listed_files(manifest: Manifest) -> list[dict]:
@@ -102,11 +152,13 @@ def listed_files(manifest: Manifest) -> list[dict]:
 
 def check_file(directory: Path, entry: dict) -> None:
     path = directory / entry["file"]
+    if not path.resolve().is_relative_to(Path(directory).resolve()):  # the schema refused `..`; this catches links
+        raise BundleError(f"{path}: listed in {MANIFEST} but resolves outside the bundle directory")
     if not path.is_file():
-        raise BundleError(f"{path}: listed in {MANIFEST} but missing")
+        raise IntegrityError(f"{path}: listed in {MANIFEST} but missing")
     actual = sha256_of(path)
     if actual != entry["sha256"]:
-        raise BundleError(f"{path}: sha256 {actual[:12]}... does not match {MANIFEST} ({entry['sha256'][:12]}...); "
+        raise IntegrityError(f"{path}: sha256 {actual[:12]}... does not match {MANIFEST} ({entry['sha256'][:12]}...); "
                           "the file was modified or corrupted")
 
 
@@ -116,3 +168,7 @@ def check_session_io(path: Path, session, graph: str, manifest: Manifest) -> Non
     want = manifest.io[graph]
     if got != want:
         raise BundleError(f"{path}: graph inputs/outputs {got} do not match {MANIFEST} {want}")
+    try:
+        graph_check.check_graph(session, graph, manifest)
+    except graph_check.GraphMismatch as exc:
+        raise BundleError(f"{path}: {exc} ({MANIFEST})") from None

@@ -1,8 +1,9 @@
 """`seqserve serve`: builds runner + engine + service, serves gRPC (with health and reflection) and /metrics.
 
 Lifecycle: bind with health NOT_SERVING -> load the bundle and warm up (off the event loop) -> SERVING.
-SIGTERM/SIGINT: NOT_SERVING -> new calls UNAVAILABLE -> in-flight calls finish within the grace period ->
-server.stop -> engine.stop -> exit 0.
+SIGTERM/SIGINT: NOT_SERVING -> new calls UNAVAILABLE -> in-flight calls finish within the grace period -> calls
+still in flight get UNAVAILABLE (never CANCELLED: clients retry UNAVAILABLE) -> server.stop -> engine.stop -> exit 0.
+Security (docs/security.md): TLS / mutual TLS, bearer tokens, the bind addresses, reflection on or off.
 """
 from __future__ import annotations
 
@@ -16,8 +17,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
-from seqserve.contract.manifest import load_manifest
-from seqserve.contract.tokenizer import load_tokenizer
+from seqserve.contract.integrity import open_bundle
+from seqserve.server.auth import TokenAuth
 from seqserve.server.device import RuntimeConfig
 from seqserve.server.engine import Engine
 from seqserve.server.metrics import Metrics
@@ -26,9 +27,13 @@ from seqserve.server.runner import Runner
 from seqserve.server.scheduler import Scheduler, SchedulerConfig
 from seqserve.server.service import SERVICE_NAME, GenerationService
 from seqserve.server.settings import Settings, SettingsError, env_name
+from seqserve.server.tls import server_credentials
 
 log = logging.getLogger("seqserve")
 WARMUP_TEXT = "warm up"
+ABORT_SECONDS = 5.0  # after the grace period: how long calls get to send their UNAVAILABLE before server.stop
+FLUSH_SECONDS = 1.0  # server.stop's own grace: lets the last statuses and responses reach their clients
+LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")
 
 
 class App:
@@ -52,49 +57,64 @@ class App:
             self.runner, self.engine = runner, engine
             self.service.open(engine, tokenizer, limits, self._model_info(runner))
             await self._set_health(health_pb2.HealthCheckResponse.SERVING)
-            log.info("serving %s on %s:%d (%s, %s); %s", self.settings.bundle, self.settings.host, self.port,
-                     runner.provider, runner.variant,
-                     "metrics disabled" if self.metrics_port is None else f"metrics on port {self.metrics_port}")
+            log.info("serving %s on %s:%d (%s, %s); %s", self.settings.bundle, self.settings.bind, self.port,
+                     runner.provider, runner.variant, "metrics disabled" if self.metrics_port is None else
+                     f"metrics on {self.settings.metrics_bind}:{self.metrics_port}/metrics")
         except BaseException:
             await self.close(grace=0)
             raise
 
     async def _listen(self) -> None:
+        s = self.settings
+        tokens = s.tokens()
+        interceptors = [TokenAuth(tokens, self.metrics, SERVICE_NAME, s.auth_exempt_health)] if tokens else []
         # so_reuseport off: a second server on a taken port must fail, not silently share it.
-        self.server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+        self.server = grpc.aio.server(interceptors=interceptors, options=[
+            ("grpc.so_reuseport", 0), ("grpc.max_receive_message_length", s.max_receive_message_bytes)])
         self.service.add_to(self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        reflection.enable_server_reflection((SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-                                             reflection.SERVICE_NAME), self.server)
+        if s.reflection:
+            reflection.enable_server_reflection(
+                (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
+                self.server)
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
-        address = f"{self.settings.host}:{self.settings.port}"
+        address = f"{s.bind}:{s.port}"
         try:
-            self.port = self.server.add_insecure_port(address)
+            if s.tls_cert_file is None:
+                self.port = self.server.add_insecure_port(address)
+            else:
+                self.port = self.server.add_secure_port(address, server_credentials(
+                    s.tls_cert_file, s.tls_key_file, s.tls_client_ca_file))
         except RuntimeError as exc:
-            raise SettingsError(f"cannot listen on {address} (--port / {env_name('port')}): {exc}") from exc
+            raise SettingsError(f"cannot listen on {address} (--bind / {env_name('bind')}, --port / "
+                                f"{env_name('port')}): {exc}") from exc
         await self.server.start()
+        if tokens and s.tls_cert_file is None and s.bind not in LOOPBACK:
+            log.warning("bearer tokens travel in plaintext: %s is reachable from other machines without TLS "
+                        "(--tls-cert-file)", address)
 
     def _serve_metrics(self) -> None:
         if self.settings.metrics_port < 0:
             return
         try:
-            self._http, _ = self.metrics.serve_http(self.settings.metrics_port, addr=self.settings.host)
+            self._http, _ = self.metrics.serve_http(self.settings.metrics_port, addr=self.settings.metrics_bind)
         except OSError as exc:
-            raise SettingsError(f"cannot serve metrics on {self.settings.host}:{self.settings.metrics_port} "
-                                f"(--metrics-port / {env_name('metrics_port')}): {exc}") from exc
+            raise SettingsError(f"cannot serve metrics on {self.settings.metrics_bind}:{self.settings.metrics_port} "
+                                f"(--metrics-bind / {env_name('metrics_bind')}, --metrics-port / "
+                                f"{env_name('metrics_port')}): {exc}") from exc
         self.metrics_port = self._http.server_port
 
     def _load(self):
         """Runs in a worker thread: onnxruntime sessions, tokenizer, engine, one warm-up generation."""
         s = self.settings
-        manifest = load_manifest(s.bundle)
+        manifest, tokenizer = open_bundle(s.bundle)  # the Runner checks its graphs against the manifest
         limits = s.limits(int(manifest.model["max_positions"]), int(manifest.max_new_tokens))
         runtime = RuntimeConfig(device=s.device, intra_op_threads=s.intra_op_threads,
                                 inter_op_threads=s.inter_op_threads, allow_spinning=s.allow_spinning,
                                 cuda_tf32=s.cuda_tf32)
-        runner = Runner(s.bundle, runtime, s.variant)
-        tokenizer = load_tokenizer(s.bundle / manifest.tokenizer["file"])
-        scheduler = Scheduler(SchedulerConfig(s.max_batch_size, s.max_waiting, s.max_kv_tokens))
+        runner = Runner(s.bundle, runtime, s.variant, capacity=s.max_batch_size)
+        scheduler = Scheduler(SchedulerConfig(s.max_batch_size, s.max_waiting, s.max_kv_tokens, s.encode_batch,
+                                              s.max_encoded_bytes, runner.cross_bytes_per_token))
         engine = Engine(runner, tokenizer, scheduler, self.metrics)
         self._warm_up(engine, tokenizer)
         engine.start()
@@ -105,8 +125,7 @@ class App:
         request = Request(tokenizer.encode(WARMUP_TEXT).ids, SamplingParams(max_new_tokens=2))
         exported, engine.metrics = engine.metrics, Metrics()  # warm-up is not traffic: keep it off /metrics
         try:
-            engine.submit(request)
-            engine.run_until_idle()
+            engine.generate([request])
         finally:
             engine.metrics = exported
         if request.error is not None:
@@ -132,8 +151,11 @@ class App:
         self.service.begin_drain()
         finished = await self.service.wait_idle(grace)
         if not finished:
-            log.warning("grace period of %.1fs over: cancelling the calls still in flight", grace)
-        await self.close(grace=1.0 if finished else 0)  # a second lets the last responses flush
+            aborted = self.service.abort_in_flight()
+            log.warning("grace period of %.1fs over: %d calls still in flight get UNAVAILABLE", grace, aborted)
+            if not await self.service.wait_idle(ABORT_SECONDS):
+                log.error("calls still in flight %.1fs after their abort: server.stop cancels them", ABORT_SECONDS)
+        await self.close(grace=FLUSH_SECONDS)
         return finished
 
     async def close(self, grace: float = 0) -> None:

@@ -7,15 +7,16 @@
 
 Decoding options are keywords named exactly as the proto's DecodingOptions fields (an unknown name raises
 ValueError); None leaves an option unset so the server's default applies. Errors are grpc.RpcError.
+TLS, a client certificate and a bearer token: `Client(address, connection=Connection(ca_file=..., token=...))`.
 """
 from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-import grpc
 from google.protobuf.descriptor import FieldDescriptor
 
+from seqserve.server.channel import Connection
 from seqserve.v1 import seqserve_pb2 as pb
 from seqserve.v1 import seqserve_pb2_grpc as pb_grpc
 
@@ -100,10 +101,12 @@ def _result(m, text: str, token_ids: list[int]) -> Result:
 
 
 class Client:
-    def __init__(self, address: str = "127.0.0.1:50051", timeout: float | None = None) -> None:
-        """timeout: the default deadline of every call in seconds (None = no deadline)."""
+    def __init__(self, address: str = "127.0.0.1:50051", timeout: float | None = None,
+                 connection: Connection = Connection()) -> None:
+        """timeout: the default deadline of every call in seconds (None = no deadline); connection: plaintext by
+        default, or TLS / mutual TLS / a bearer token."""
         self.address, self.timeout = address, timeout
-        self.channel = grpc.insecure_channel(address)
+        self.channel = connection.channel(address)
         self.stub = pb_grpc.GenerationStub(self.channel)
 
     def generate(self, input: str, *, timeout: float | None = None, **decoding) -> Result:

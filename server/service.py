@@ -1,7 +1,8 @@
 """The gRPC edge (grpc.aio): validate -> Request -> engine.submit -> await the engine's events -> protobuf.
 
-The only server module that imports generated code. Events come from the engine thread through
-loop.call_soon_threadsafe into one asyncio.Queue per request, so the event loop never waits on inference.
+Protobuf stays at this edge: no other server module imports generated code (client.py is the client's side). Events
+come from the engine thread through the Outbox (one loop hop per engine step) into one asyncio.Queue per request, so
+the event loop never waits on inference.
 """
 from __future__ import annotations
 
@@ -15,7 +16,9 @@ import time
 
 import grpc
 
+from seqserve.server.handlers import Undecodable, add_generation_service
 from seqserve.server.metrics import Metrics
+from seqserve.server.outbox import Outbox
 from seqserve.server.request import Event, FinishReason, Request, SamplingParams
 from seqserve.server.scheduler import QueueFull
 from seqserve.server.settings import Limits
@@ -45,6 +48,27 @@ def _check(ok: bool, message: str) -> None:
         raise Rejected(Code.INVALID_ARGUMENT, message, "invalid_argument")
 
 
+def _beam_params(o: pb.DecodingOptions, limits: Limits, repetition_penalty: float) -> dict:
+    """The beam and log-probability options, validated (0 or unset num_beams / num_return_sequences = 1)."""
+    beams, most = o.num_beams or 1, limits.max_num_beams
+    _check(beams <= most, f"options.num_beams must be in [1, {most}] (max_num_beams), got {beams}")
+    n = o.num_return_sequences or 1
+    _check(n <= beams, f"options.num_return_sequences must be in [1, num_beams={beams}], got {n}")
+    penalty = o.length_penalty if o.HasField("length_penalty") else 1.0
+    _check(math.isfinite(penalty), f"options.length_penalty must be finite, got {penalty:g}")
+    top, most = o.top_logprobs, limits.max_top_logprobs
+    _check(top <= most, f"options.top_logprobs must be in [0, {most}] (max_top_logprobs), got {top}")
+    _check(o.return_logprobs or not o.top_logprobs, "options.top_logprobs needs options.return_logprobs")
+    if beams > 1:  # beam search here is deterministic, and defined as model/beam.py's reference defines it
+        _check(o.temperature == 0, f"options.temperature must be 0 with num_beams > 1 (beam search is "
+                                   f"deterministic), got {o.temperature:g}")
+        _check(not o.stop, "options.stop is not supported with num_beams > 1")
+        _check(repetition_penalty == 1, f"options.repetition_penalty must be 1 with num_beams > 1, "
+                                        f"got {repetition_penalty:g}")
+    return dict(num_beams=beams, num_return_sequences=n, length_penalty=float(penalty),
+                early_stopping=o.early_stopping, return_logprobs=o.return_logprobs, top_logprobs=o.top_logprobs)
+
+
 class _Call:
     """One RPC: its deadline and the Requests it submitted, each with the queue its events arrive on."""
 
@@ -52,6 +76,7 @@ class _Call:
         remaining = context.time_remaining()
         self.deadline = None if remaining is None else time.monotonic() + remaining
         self.rows: list[tuple[Request, asyncio.Queue]] = []
+        self.bytes = 0  # its request's payload, counted against max_inflight_bytes while the call lasts
 
     def release(self) -> None:
         """The call ended: rows still in flight leave the batch (expired ones the engine ends as DEADLINE)."""
@@ -66,8 +91,11 @@ class GenerationService(pb_grpc.GenerationServicer):
         self.metrics = metrics
         self.engine = self.tokenizer = self.limits = self.info = None
         self._max_chars = 0  # inputs longer than this cannot fit max_input_tokens: refused before tokenising
+        self.outbox: Outbox | None = None  # the engine's events for this event loop
         self.draining = False
         self._inflight = 0
+        self._calls: set[_Call] = set()  # every call in flight (drain aborts them)
+        self._inflight_bytes = 0
         self._idle = asyncio.Event()
         self._idle.set()
 
@@ -82,11 +110,20 @@ class GenerationService(pb_grpc.GenerationServicer):
         self.engine = engine
 
     def add_to(self, server: grpc.aio.Server) -> None:
-        pb_grpc.add_GenerationServicer_to_server(self, server)
+        add_generation_service(self, server)  # the generated handlers, with decoders that never raise
 
     def begin_drain(self) -> None:
         """New calls get UNAVAILABLE from now on; calls already in flight carry on."""
         self.draining = True
+
+    def abort_in_flight(self) -> int:
+        """The grace period is over: every call still in flight ends UNAVAILABLE (never CANCELLED, which clients
+        do not retry), its rows leave the engine. Returns how many calls there were."""
+        for call in self._calls:
+            for row, queue in call.rows:
+                row.cancel()
+                queue.put_nowait(Event(finish_reason=FinishReason.CANCELLED))  # read as "the server stopped"
+        return len(self._calls)
 
     async def wait_idle(self, timeout: float) -> bool:
         """True once no call is in flight, False if the timeout came first."""
@@ -97,48 +134,80 @@ class GenerationService(pb_grpc.GenerationServicer):
             return False
 
     @contextlib.asynccontextmanager
-    async def _call(self, method: str, context: grpc.aio.ServicerContext, timed: bool = True):
-        """Every RPC runs inside this: admission, counting, the status code, and releasing its rows."""
+    async def _call(self, method: str, context: grpc.aio.ServicerContext, request, timed: bool = True):
+        """Every RPC runs inside this: admission, counting, the status code, and releasing its rows. The call
+        counts as in flight until its status is sent, so a drain waits for the status, not just the handler."""
         start, call, code, message = time.monotonic(), _Call(context), Code.OK, ""
-        self._inflight += 1
-        self._idle.clear()
+        self._enter(call)
         try:
-            if self.draining or self.engine is None:
-                raise Rejected(Code.UNAVAILABLE, "the server is shutting down" if self.draining else
-                               "the model is still loading", "draining" if self.draining else "not_ready")
-            yield call
-        except Rejected as exc:
-            code, message = exc.code, exc.message
-            if exc.reason:
-                self.metrics.rejected.labels(exc.reason).inc()
-        except (asyncio.CancelledError, GeneratorExit):  # the client went away, or its deadline passed
-            code = Code.DEADLINE_EXCEEDED if call.deadline and time.monotonic() >= call.deadline else Code.CANCELLED
-            raise
-        except Exception as exc:
-            log.exception("%s failed", method)
-            code, message = Code.INTERNAL, f"internal error: {exc}"
+            try:
+                self._admit(call, method, request)
+                yield call
+            except Rejected as exc:
+                code, message = exc.code, exc.message
+                if exc.reason:
+                    self.metrics.rejected.labels(exc.reason).inc()
+            except (asyncio.CancelledError, GeneratorExit):  # the client went away, or its deadline passed
+                late = call.deadline and time.monotonic() >= call.deadline
+                code = Code.DEADLINE_EXCEEDED if late else Code.CANCELLED
+                raise
+            except Exception as exc:
+                log.exception("%s failed", method)
+                code, message = Code.INTERNAL, f"internal error: {exc}"
+            finally:
+                call.release()
+                self.metrics.requests.labels(method, code.name).inc()
+                if timed:
+                    self.metrics.request_duration.labels(method).observe(time.monotonic() - start)
+            if code is not Code.OK:
+                await context.abort(code, message)
         finally:
-            call.release()
-            self._inflight -= 1
-            if self._inflight == 0:
-                self._idle.set()
-            self.metrics.requests.labels(method, code.name).inc()
-            if timed:
-                self.metrics.request_duration.labels(method).observe(time.monotonic() - start)
-        if code is not Code.OK:
-            await context.abort(code, message)
+            self._leave(call)
+
+    def _enter(self, call: _Call) -> None:
+        self._inflight += 1
+        self._calls.add(call)
+        self._idle.clear()
+
+    def _leave(self, call: _Call) -> None:
+        self._calls.discard(call)
+        self._inflight_bytes -= call.bytes
+        self.metrics.inflight_bytes.set(self._inflight_bytes)
+        self._inflight -= 1
+        if self._inflight == 0:
+            self._idle.set()
+
+    def _admit(self, call: _Call, method: str, request) -> None:
+        """Refuses a call before any work: the server is not ready or draining, the request could not be decoded,
+        or its bytes would take the calls in flight beyond max_inflight_bytes."""
+        if self.draining or self.engine is None:
+            raise Rejected(Code.UNAVAILABLE, "the server is shutting down" if self.draining else
+                           "the model is still loading", "draining" if self.draining else "not_ready")
+        if isinstance(request, Undecodable):
+            log.warning("%s: refused a request that cannot be decoded (%d bytes): %s", method, request.size,
+                        request.reason)
+            raise Rejected(Code.INVALID_ARGUMENT, f"the request is not a valid {method} message: {request.reason}",
+                           "undecodable")
+        size, most = request.ByteSize(), self.limits.max_inflight_bytes
+        if self._inflight_bytes + size > most:
+            raise Rejected(Code.RESOURCE_EXHAUSTED, f"too many request bytes in flight: {self._inflight_bytes} held "
+                                                    f"and this call has {size} (max_inflight_bytes={most})",
+                           "inflight_bytes")
+        call.bytes = size
+        self._inflight_bytes += size
+        self.metrics.inflight_bytes.set(self._inflight_bytes)
 
     async def Generate(self, request: pb.GenerateRequest, context) -> pb.GenerateResponse:
-        async with self._call("Generate", context) as call:
+        async with self._call("Generate", context, request) as call:
             params = self._params(request.options)
-            row = self._new_request(call, request.input, "input", params)
+            row = self._new_request(call, request.input, "input", params, stream=False)
             self._submit(call, [row])
             return _response(await self._result(*call.rows[0]))
 
     async def GenerateStream(self, request: pb.GenerateRequest, context):
-        async with self._call("GenerateStream", context) as call:
+        async with self._call("GenerateStream", context, request) as call:
             params = self._params(request.options)
-            row = self._new_request(call, request.input, "input", params)
+            row = self._new_request(call, request.input, "input", params, stream=True)
             self._submit(call, [row])
             queue = call.rows[0][1]
             while True:
@@ -160,18 +229,19 @@ class GenerationService(pb_grpc.GenerationServicer):
                 return
 
     async def GenerateBatch(self, request: pb.GenerateBatchRequest, context) -> pb.GenerateBatchResponse:
-        async with self._call("GenerateBatch", context) as call:
+        async with self._call("GenerateBatch", context, request) as call:
             n, most = len(request.inputs), self.limits.max_batch_inputs
             _check(n > 0, "inputs must not be empty")
             _check(n <= most, f"inputs has {n} entries, more than max_batch_inputs={most}")
             params = self._params(request.options)
-            rows = [self._new_request(call, text, f"inputs[{i}]", params) for i, text in enumerate(request.inputs)]
+            rows = [self._new_request(call, text, f"inputs[{i}]", params, stream=False)
+                    for i, text in enumerate(request.inputs)]
             self._submit(call, rows)
             results = [await self._result(row, queue) for row, queue in call.rows]  # all run at once in the engine
             return pb.GenerateBatchResponse(results=[_response(r) for r in results])
 
     async def GetModelInfo(self, request: pb.GetModelInfoRequest, context) -> pb.ModelInfo:
-        async with self._call("GetModelInfo", context, timed=False):
+        async with self._call("GetModelInfo", context, request, timed=False):
             return self.info
 
     def _params(self, o: pb.DecodingOptions) -> dict:
@@ -191,13 +261,19 @@ class GenerationService(pb_grpc.GenerationServicer):
                                                        f"got {penalty:g}")
         most = self.limits.max_stop_strings
         _check(len(o.stop) <= most, f"options.stop has {len(o.stop)} strings, more than max_stop_strings={most}")
+        each, total = self.limits.max_stop_string_bytes, 0
         for i, stop in enumerate(o.stop):
             _check(stop != "", f"options.stop[{i}] must not be empty")
+            size = len(stop.encode())
+            _check(size <= each, f"options.stop[{i}] has {size} bytes, more than max_stop_string_bytes={each}")
+            total += size
+        _check(total <= self.limits.max_stop_bytes, f"options.stop has {total} bytes in all, more than "
+                                                    f"max_stop_bytes={self.limits.max_stop_bytes}")
         return dict(max_new_tokens=max_new, min_new_tokens=o.min_new_tokens, temperature=float(o.temperature),
                     top_k=o.top_k, top_p=float(top_p), repetition_penalty=float(penalty), stop=tuple(o.stop),
-                    seed=o.seed if o.HasField("seed") else None)
+                    seed=o.seed if o.HasField("seed") else None, **_beam_params(o, self.limits, penalty))
 
-    def _new_request(self, call: _Call, text: str, field: str, params: dict) -> Request:
+    def _new_request(self, call: _Call, text: str, field: str, params: dict, stream: bool) -> Request:
         _check(text.strip() != "", f"{field} must not be empty or whitespace")
         most = self.limits.max_input_tokens
         _check(len(text) <= self._max_chars, f"{field} has {len(text)} characters, more than "
@@ -205,7 +281,14 @@ class GenerationService(pb_grpc.GenerationServicer):
         ids = self.tokenizer.encode(text).ids
         _check(len(ids) <= most, f"{field} has {len(ids)} tokens, more than max_input_tokens={most}")
         seed = params["seed"] if params["seed"] is not None else secrets.randbits(64)  # returned to the client
-        return Request(ids, SamplingParams(**{**params, "seed": seed}), deadline=call.deadline)
+        return Request(ids, SamplingParams(**{**params, "seed": seed}), sink=self._outbox(), stream=stream,
+                       deadline=call.deadline)
+
+    def _outbox(self) -> Outbox:
+        """The sink for requests of this event loop (made on the loop, once)."""
+        if self.outbox is None:
+            self.outbox = Outbox(asyncio.get_running_loop())
+        return self.outbox
 
     def _submit(self, call: _Call, rows: list[Request]) -> None:
         """Queues every row or none: a call the queue cannot take whole gets RESOURCE_EXHAUSTED at once."""
@@ -214,29 +297,13 @@ class GenerationService(pb_grpc.GenerationServicer):
         if len(rows) > free:
             raise Rejected(Code.RESOURCE_EXHAUSTED, f"queue full: {scheduler.n_waiting} requests waiting "
                                                     f"(max_waiting={scheduler.cfg.max_waiting})", "queue_full")
-        loop = asyncio.get_running_loop()
         for row in rows:
-            queue = asyncio.Queue()
-            row.deliver = self._sink(loop, queue)
+            queue = self.outbox.open(row)
             try:
                 self.engine.submit(row)
             except QueueFull as exc:  # cannot happen after the check above; kept so a call never half-queues
                 raise Rejected(Code.RESOURCE_EXHAUSTED, f"queue full: {exc}", "queue_full") from exc
             call.rows.append((row, queue))
-
-    def _sink(self, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue):
-        """The deliver callback, run in the engine thread: counts finishes, hands events to this loop."""
-        finished = self.metrics.finished
-
-        def deliver(event: Event) -> None:
-            if event.finish_reason is not None:
-                finished.labels(event.finish_reason.value).inc()
-            try:
-                loop.call_soon_threadsafe(queue.put_nowait, event)
-            except RuntimeError:  # the event loop is closed (shutdown): nobody is waiting any more
-                pass
-
-        return deliver
 
     @staticmethod
     async def _result(row: Request, queue: asyncio.Queue) -> Request:

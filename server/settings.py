@@ -2,10 +2,12 @@
 
 Every field is a flag (`--max-batch-size`) and an environment variable (`SEQSERVE_MAX_BATCH_SIZE`); both are
 validated at start, before anything is loaded, with errors that name the flag and the variable.
+docs/security.md describes every limit and security setting.
 """
 from __future__ import annotations
 
 import argparse
+import math
 import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -16,22 +18,40 @@ from seqserve.contract.manifest import VARIANTS
 ENV_PREFIX = "SEQSERVE_"
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 DEFAULT_MAX_NEW_TOKENS = 64  # used when a request leaves max_new_tokens unset (clipped to the cap)
+MIN_TOKEN_CHARS = 16  # shorter bearer tokens are refused at start: they could be guessed
+MiB = 1 << 20
 
 
 class SettingsError(ValueError):
     """A setting that cannot work: the message names its flag and environment variable."""
 
 
-def _opt(default, help: str, **extra):
-    return field(default=default, metadata={"help": help, **extra})
+def _opt(default, help: str, repr: bool = True, **extra):
+    return field(default=default, repr=repr, metadata={"help": help, **extra})
 
 
 @dataclass(frozen=True)
 class Settings:
     bundle: Path | None = _opt(None, "bundle directory written by `seqserve export` (required)", type=Path)
-    host: str = _opt("0.0.0.0", "address the gRPC server binds")
+    bind: str = _opt("127.0.0.1", "address the gRPC server binds: 127.0.0.1 = this machine only; containers set "
+                                  "0.0.0.0")
     port: int = _opt(50051, "gRPC port (0 picks a free one and logs it)", type=int)
+    metrics_bind: str = _opt("127.0.0.1", "address the Prometheus /metrics endpoint binds (its own, so it can stay "
+                                          "private while gRPC is public)")
     metrics_port: int = _opt(9090, "Prometheus /metrics HTTP port (0 picks a free one; -1 disables)", type=int)
+    tls_cert_file: Path | None = _opt(None, "PEM certificate chain: gRPC serves TLS only (needs --tls-key-file)",
+                                      type=Path)
+    tls_key_file: Path | None = _opt(None, "PEM private key of --tls-cert-file", type=Path)
+    tls_client_ca_file: Path | None = _opt(None, "PEM CA certificates: mutual TLS, every client must present a "
+                                                 "certificate they signed (needs --tls-cert-file)", type=Path)
+    auth_token_file: Path | None = _opt(None, "file of accepted bearer tokens, one per line (# comments): calls "
+                                              "without one get UNAUTHENTICATED", type=Path)
+    auth_tokens: str | None = _opt(None, "accepted bearer tokens, comma-separated; set the variable rather than the "
+                                         "flag, which other users can read in the process list", repr=False)
+    auth_exempt_health: bool = _opt(True, "health checks answer without a token (probes and load balancers)",
+                                    type=bool)
+    reflection: bool = _opt(True, "serve gRPC reflection (grpcurl list/describe); needs a token when auth is on",
+                            type=bool)
     variant: str = _opt("fp32", "precision variant of the bundle to serve", choices=VARIANTS)
     device: str = _opt("auto", "onnxruntime execution provider: auto = CUDA when it works, else CPU",
                        choices=DEVICES)
@@ -43,6 +63,10 @@ class Settings:
     max_waiting: int = _opt(256, "queued requests beyond which calls get RESOURCE_EXHAUSTED", type=int)
     max_kv_tokens: int = _opt(65_536, "KV-cache budget in token slots: rows x (longest source + largest "
                                       "max_new_tokens) stays within it", type=int)
+    encode_batch: int = _opt(64, "encode-ahead: most waiting sources one encoder call takes when a joining row has "
+                                 "no encoder output yet", type=int)
+    max_encoded_bytes: int = _opt(64 * MiB, "encode-ahead: cross-attention K/V bytes held for waiting requests",
+                                  type=int)
     max_input_tokens: int | None = _opt(None, "longest input in tokens (default: the model's max_positions)",
                                         type=int)
     max_new_tokens: int | None = _opt(None, "largest max_new_tokens a request may ask (default: the bundle's)",
@@ -50,9 +74,19 @@ class Settings:
     default_max_new_tokens: int | None = _opt(None, f"max_new_tokens of requests that leave it unset "
                                               f"(default: {DEFAULT_MAX_NEW_TOKENS}, at most the cap)", type=int)
     max_stop_strings: int = _opt(8, "most stop strings in one request", type=int)
+    max_stop_string_bytes: int = _opt(256, "longest stop string in UTF-8 bytes", type=int)
+    max_stop_bytes: int = _opt(1024, "all stop strings of one request together, in UTF-8 bytes", type=int)
+    max_receive_message_bytes: int = _opt(1 * MiB, "largest request message gRPC accepts (larger ones get "
+                                                   "RESOURCE_EXHAUSTED before they are decoded)", type=int)
+    max_inflight_bytes: int = _opt(32 * MiB, "request payload bytes held by all calls in flight, queued or running "
+                                             "(a running row keeps its request too); a call beyond it gets "
+                                             "RESOURCE_EXHAUSTED", type=int)
     max_batch_inputs: int = _opt(64, "most inputs in one GenerateBatch call", type=int)
-    grace_seconds: float = _opt(20.0, "on SIGTERM/SIGINT, how long in-flight requests may take to finish",
-                                type=float)
+    max_num_beams: int = _opt(8, "largest num_beams a request may ask; each beam is a row of the running batch, "
+                                 "so the cap is also at most --max-batch-size", type=int)
+    max_top_logprobs: int = _opt(20, "largest top_logprobs a request may ask", type=int)
+    grace_seconds: float = _opt(20.0, "on SIGTERM/SIGINT, how long in-flight requests may take to finish; calls "
+                                      "still in flight then get UNAVAILABLE", type=float)
     log_level: str = _opt("INFO", "logging level", choices=LOG_LEVELS)
 
     def __post_init__(self) -> None:
@@ -67,18 +101,57 @@ class Settings:
             yield f"bundle {self.bundle}: no manifest.json there (--bundle / {env_name('bundle')})"
         for name, lo, hi in (("port", 0, 65535), ("metrics_port", -1, 65535), ("intra_op_threads", 0, None),
                              ("inter_op_threads", 0, None), ("max_batch_size", 1, None), ("max_waiting", 1, None),
-                             ("max_kv_tokens", 1, None), ("max_input_tokens", 1, None), ("max_new_tokens", 1, None),
+                             ("max_kv_tokens", 1, None), ("encode_batch", 1, None),
+                             ("max_encoded_bytes", 0, None), ("max_input_tokens", 1, None), ("max_new_tokens", 1, None),
                              ("default_max_new_tokens", 1, None), ("max_stop_strings", 0, None),
-                             ("max_batch_inputs", 1, None), ("grace_seconds", 0, None)):
+                             ("max_batch_inputs", 1, None), ("max_num_beams", 1, None), ("max_top_logprobs", 0, None),
+                             ("grace_seconds", 0, None),
+                             ("max_stop_string_bytes", 1, None), ("max_stop_bytes", 1, None),
+                             ("max_receive_message_bytes", 1024, None), ("max_inflight_bytes", 1024, None)):
             value = getattr(self, name)
-            if value is not None and (value < lo or (hi is not None and value > hi)):
+            if value is not None and not (math.isfinite(value) and lo <= value and (hi is None or value <= hi)):
                 yield f"{_names(name)} must be in [{lo}, {hi if hi is not None else 'inf'}], got {value}"
-        if self.max_batch_inputs > self.max_waiting:
-            yield (f"{_names('max_batch_inputs')} ({self.max_batch_inputs}) exceeds {_names('max_waiting')} "
-                   f"({self.max_waiting}): such a batch could never be queued")
+        for small, large, why in (("max_batch_inputs", "max_waiting", "such a batch could never be queued"),
+                                  ("max_receive_message_bytes", "max_inflight_bytes",
+                                   "a call of the largest accepted size could never be admitted")):
+            if getattr(self, small) > getattr(self, large):
+                yield (f"{_names(small)} ({getattr(self, small)}) exceeds {_names(large)} ({getattr(self, large)}): "
+                       f"{why}")
+        yield from self._security_problems()
         for name, choices in (("variant", VARIANTS), ("device", DEVICES), ("log_level", LOG_LEVELS)):
             if getattr(self, name) not in choices:
                 yield f"{_names(name)} must be one of {choices}, got {getattr(self, name)!r}"
+
+    def _security_problems(self):
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            yield f"TLS needs both {_names('tls_cert_file')} and {_names('tls_key_file')}"
+        if self.tls_client_ca_file is not None and self.tls_cert_file is None:
+            yield f"{_names('tls_client_ca_file')} (mutual TLS) needs {_names('tls_cert_file')} as well"
+        for name in ("tls_cert_file", "tls_key_file", "tls_client_ca_file", "auth_token_file"):
+            path = getattr(self, name)
+            if path is not None and not Path(path).is_file():
+                yield f"{_names(name)}: no file at {path}"
+        try:
+            self.tokens()
+        except SettingsError as exc:
+            yield str(exc)
+
+    def tokens(self) -> frozenset[str]:
+        """The accepted bearer tokens (empty: authentication is off), from the file and the variable together."""
+        tokens = [t.strip() for t in (self.auth_tokens or "").split(",") if t.strip()]
+        path = self.auth_token_file
+        if path is not None and Path(path).is_file():
+            lines = [line.strip() for line in Path(path).read_text().splitlines()]
+            from_file = [line for line in lines if line and not line.startswith("#")]
+            if not from_file:
+                raise SettingsError(f"{_names('auth_token_file')}: {path} holds no token")
+            tokens += from_file
+        short = sum(len(t) < MIN_TOKEN_CHARS for t in tokens)
+        if short:
+            raise SettingsError(f"{short} bearer token(s) shorter than {MIN_TOKEN_CHARS} characters "
+                                f"({_names('auth_tokens')}, {_names('auth_token_file')}): use random ones, e.g. "
+                                "`openssl rand -hex 32`")
+        return frozenset(tokens)
 
     def limits(self, model_max_positions: int, bundle_max_new_tokens: int) -> Limits:
         """The request limits once the bundle is known; refuses caps beyond what the model supports."""
@@ -93,8 +166,14 @@ class Settings:
         default = self.default_max_new_tokens or min(DEFAULT_MAX_NEW_TOKENS, cap)
         if default > cap:
             raise SettingsError(f"{_names('default_max_new_tokens')} {default} exceeds the cap ({cap})")
-        return Limits(max_input, cap, default, self.max_stop_strings, self.max_batch_inputs,
-                      self.max_batch_size, self.max_waiting)
+        return Limits(max_input_tokens=max_input, max_new_tokens=cap, default_max_new_tokens=default,
+                      max_stop_strings=self.max_stop_strings, max_batch_inputs=self.max_batch_inputs,
+                      max_batch_size=self.max_batch_size, max_waiting=self.max_waiting,
+                      max_stop_string_bytes=self.max_stop_string_bytes, max_stop_bytes=self.max_stop_bytes,
+                      max_receive_message_bytes=self.max_receive_message_bytes,
+                      max_inflight_bytes=self.max_inflight_bytes,
+                      max_num_beams=min(self.max_num_beams, self.max_batch_size),
+                      max_top_logprobs=self.max_top_logprobs)
 
 
 @dataclass(frozen=True)
@@ -108,6 +187,12 @@ class Limits:
     max_batch_inputs: int
     max_batch_size: int
     max_waiting: int
+    max_stop_string_bytes: int
+    max_stop_bytes: int
+    max_receive_message_bytes: int
+    max_inflight_bytes: int
+    max_num_beams: int
+    max_top_logprobs: int
 
 
 def env_name(name: str) -> str:

@@ -23,7 +23,7 @@ class Served:
     """An App running in its own thread and event loop, as `seqserve serve` runs it, minus the signals."""
 
     def __init__(self, bundle: Path, app_class=App, **overrides) -> None:
-        values = dict(bundle=bundle, host="127.0.0.1", port=0, metrics_port=0, device=DEVICE,
+        values = dict(bundle=bundle, bind="127.0.0.1", port=0, metrics_port=0, device=DEVICE,
                       log_level="WARNING") | overrides
         self.app = app_class(st.Settings(**values))
         self.loop = asyncio.new_event_loop()

@@ -125,7 +125,7 @@ sys.exit(main(sys.argv[1:]))
 def test_signal_drains_in_flight_calls_and_exits_0(tiny_bundle, heldout, sig):
     env = {k: v for k, v in os.environ.items() if not k.startswith("SEQSERVE_")}
     env |= {"SEQSERVE_GRACE_SECONDS": "30", "SEQSERVE_DEVICE": "cpu"}  # settings through the environment too
-    proc = subprocess.Popen([sys.executable, "-c", SLOW_SERVE, "serve", "--bundle", str(tiny_bundle), "--host",
+    proc = subprocess.Popen([sys.executable, "-c", SLOW_SERVE, "serve", "--bundle", str(tiny_bundle), "--bind",
                              "127.0.0.1", "--port", "0", "--metrics-port", "-1"], cwd=REPO, env=env,
                             stderr=subprocess.PIPE, text=True)
     log, port = [], []

@@ -23,7 +23,7 @@ FINISH_REASON_CANCELLED: FinishReason
 FINISH_REASON_DEADLINE: FinishReason
 
 class DecodingOptions(_message.Message):
-    __slots__ = ("max_new_tokens", "min_new_tokens", "temperature", "top_k", "top_p", "repetition_penalty", "stop", "seed")
+    __slots__ = ("max_new_tokens", "min_new_tokens", "temperature", "top_k", "top_p", "repetition_penalty", "stop", "seed", "num_beams", "num_return_sequences", "length_penalty", "early_stopping", "return_logprobs", "top_logprobs")
     MAX_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
     MIN_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
     TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
@@ -32,6 +32,12 @@ class DecodingOptions(_message.Message):
     REPETITION_PENALTY_FIELD_NUMBER: _ClassVar[int]
     STOP_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
+    NUM_BEAMS_FIELD_NUMBER: _ClassVar[int]
+    NUM_RETURN_SEQUENCES_FIELD_NUMBER: _ClassVar[int]
+    LENGTH_PENALTY_FIELD_NUMBER: _ClassVar[int]
+    EARLY_STOPPING_FIELD_NUMBER: _ClassVar[int]
+    RETURN_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     max_new_tokens: int
     min_new_tokens: int
     temperature: float
@@ -40,7 +46,13 @@ class DecodingOptions(_message.Message):
     repetition_penalty: float
     stop: _containers.RepeatedScalarFieldContainer[str]
     seed: int
-    def __init__(self, max_new_tokens: _Optional[int] = ..., min_new_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., stop: _Optional[_Iterable[str]] = ..., seed: _Optional[int] = ...) -> None: ...
+    num_beams: int
+    num_return_sequences: int
+    length_penalty: float
+    early_stopping: bool
+    return_logprobs: bool
+    top_logprobs: int
+    def __init__(self, max_new_tokens: _Optional[int] = ..., min_new_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., stop: _Optional[_Iterable[str]] = ..., seed: _Optional[int] = ..., num_beams: _Optional[int] = ..., num_return_sequences: _Optional[int] = ..., length_penalty: _Optional[float] = ..., early_stopping: _Optional[bool] = ..., return_logprobs: _Optional[bool] = ..., top_logprobs: _Optional[int] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
     __slots__ = ("input", "options")
@@ -49,6 +61,40 @@ class GenerateRequest(_message.Message):
     input: str
     options: DecodingOptions
     def __init__(self, input: _Optional[str] = ..., options: _Optional[_Union[DecodingOptions, _Mapping]] = ...) -> None: ...
+
+class TopLogprob(_message.Message):
+    __slots__ = ("token_id", "logprob")
+    TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
+    LOGPROB_FIELD_NUMBER: _ClassVar[int]
+    token_id: int
+    logprob: float
+    def __init__(self, token_id: _Optional[int] = ..., logprob: _Optional[float] = ...) -> None: ...
+
+class TokenLogprob(_message.Message):
+    __slots__ = ("token_id", "logprob", "top_logprobs")
+    TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
+    LOGPROB_FIELD_NUMBER: _ClassVar[int]
+    TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    token_id: int
+    logprob: float
+    top_logprobs: _containers.RepeatedCompositeFieldContainer[TopLogprob]
+    def __init__(self, token_id: _Optional[int] = ..., logprob: _Optional[float] = ..., top_logprobs: _Optional[_Iterable[_Union[TopLogprob, _Mapping]]] = ...) -> None: ...
+
+class Sequence(_message.Message):
+    __slots__ = ("text", "token_ids", "finish_reason", "cumulative_logprob", "score", "logprobs")
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
+    CUMULATIVE_LOGPROB_FIELD_NUMBER: _ClassVar[int]
+    SCORE_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    text: str
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    finish_reason: FinishReason
+    cumulative_logprob: float
+    score: float
+    logprobs: _containers.RepeatedCompositeFieldContainer[TokenLogprob]
+    def __init__(self, text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., cumulative_logprob: _Optional[float] = ..., score: _Optional[float] = ..., logprobs: _Optional[_Iterable[_Union[TokenLogprob, _Mapping]]] = ...) -> None: ...
 
 class Usage(_message.Message):
     __slots__ = ("input_tokens", "generated_tokens")
@@ -69,36 +115,40 @@ class Timings(_message.Message):
     def __init__(self, queue_seconds: _Optional[float] = ..., first_token_seconds: _Optional[float] = ..., total_seconds: _Optional[float] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
-    __slots__ = ("text", "token_ids", "finish_reason", "usage", "timings", "seed")
+    __slots__ = ("text", "token_ids", "finish_reason", "usage", "timings", "seed", "sequences")
     TEXT_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     USAGE_FIELD_NUMBER: _ClassVar[int]
     TIMINGS_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCES_FIELD_NUMBER: _ClassVar[int]
     text: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     finish_reason: FinishReason
     usage: Usage
     timings: Timings
     seed: int
-    def __init__(self, text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., seed: _Optional[int] = ...) -> None: ...
+    sequences: _containers.RepeatedCompositeFieldContainer[Sequence]
+    def __init__(self, text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., seed: _Optional[int] = ..., sequences: _Optional[_Iterable[_Union[Sequence, _Mapping]]] = ...) -> None: ...
 
 class GenerateStreamResponse(_message.Message):
-    __slots__ = ("text", "token_ids", "finish_reason", "usage", "timings", "seed")
+    __slots__ = ("text", "token_ids", "finish_reason", "usage", "timings", "seed", "sequences")
     TEXT_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     USAGE_FIELD_NUMBER: _ClassVar[int]
     TIMINGS_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCES_FIELD_NUMBER: _ClassVar[int]
     text: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     finish_reason: FinishReason
     usage: Usage
     timings: Timings
     seed: int
-    def __init__(self, text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., seed: _Optional[int] = ...) -> None: ...
+    sequences: _containers.RepeatedCompositeFieldContainer[Sequence]
+    def __init__(self, text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., seed: _Optional[int] = ..., sequences: _Optional[_Iterable[_Union[Sequence, _Mapping]]] = ...) -> None: ...
 
 class GenerateBatchRequest(_message.Message):
     __slots__ = ("inputs", "options")
@@ -151,7 +201,7 @@ class ModelInfo(_message.Message):
     def __init__(self, config: _Optional[_Mapping[str, str]] = ..., bundle_format_version: _Optional[int] = ..., variant: _Optional[str] = ..., execution_provider: _Optional[str] = ..., onnxruntime_version: _Optional[str] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., quality: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class Limits(_message.Message):
-    __slots__ = ("max_input_tokens", "max_new_tokens", "max_batch_size", "max_waiting", "max_batch_inputs", "max_stop_strings", "default_max_new_tokens")
+    __slots__ = ("max_input_tokens", "max_new_tokens", "max_batch_size", "max_waiting", "max_batch_inputs", "max_stop_strings", "default_max_new_tokens", "max_stop_string_bytes", "max_stop_bytes", "max_receive_message_bytes", "max_inflight_bytes", "max_num_beams", "max_top_logprobs")
     MAX_INPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     MAX_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
     MAX_BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -159,6 +209,12 @@ class Limits(_message.Message):
     MAX_BATCH_INPUTS_FIELD_NUMBER: _ClassVar[int]
     MAX_STOP_STRINGS_FIELD_NUMBER: _ClassVar[int]
     DEFAULT_MAX_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    MAX_STOP_STRING_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MAX_STOP_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MAX_RECEIVE_MESSAGE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MAX_INFLIGHT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MAX_NUM_BEAMS_FIELD_NUMBER: _ClassVar[int]
+    MAX_TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     max_input_tokens: int
     max_new_tokens: int
     max_batch_size: int
@@ -166,4 +222,10 @@ class Limits(_message.Message):
     max_batch_inputs: int
     max_stop_strings: int
     default_max_new_tokens: int
-    def __init__(self, max_input_tokens: _Optional[int] = ..., max_new_tokens: _Optional[int] = ..., max_batch_size: _Optional[int] = ..., max_waiting: _Optional[int] = ..., max_batch_inputs: _Optional[int] = ..., max_stop_strings: _Optional[int] = ..., default_max_new_tokens: _Optional[int] = ...) -> None: ...
+    max_stop_string_bytes: int
+    max_stop_bytes: int
+    max_receive_message_bytes: int
+    max_inflight_bytes: int
+    max_num_beams: int
+    max_top_logprobs: int
+    def __init__(self, max_input_tokens: _Optional[int] = ..., max_new_tokens: _Optional[int] = ..., max_batch_size: _Optional[int] = ..., max_waiting: _Optional[int] = ..., max_batch_inputs: _Optional[int] = ..., max_stop_strings: _Optional[int] = ..., default_max_new_tokens: _Optional[int] = ..., max_stop_string_bytes: _Optional[int] = ..., max_stop_bytes: _Optional[int] = ..., max_receive_message_bytes: _Optional[int] = ..., max_inflight_bytes: _Optional[int] = ..., max_num_beams: _Optional[int] = ..., max_top_logprobs: _Optional[int] = ...) -> None: ...

@@ -70,7 +70,8 @@ class GenerationServicer:
 
     def GenerateStream(self, request, context):
         """Generates for one input and streams pieces as they are produced; the last message carries
-        finish_reason and usage.
+        finish_reason and usage. With num_beams > 1 nothing is streamed until the search ends (any live beam may still
+        be overtaken): the stream is then one message holding the whole best text and ids and the n-best sequences.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
