@@ -38,12 +38,36 @@ def test_flags_beat_environment_beat_defaults(tiny_bundle):
     ((), {"SEQSERVE_DEVICE": "tpu"}, "--device / SEQSERVE_DEVICE must be one of"),
     (("--max-waiting", "4"), {}, "--max-batch-inputs / SEQSERVE_MAX_BATCH_INPUTS (64) exceeds --max-waiting"),
     (("--grace-seconds", "-1"), {}, "--grace-seconds / SEQSERVE_GRACE_SECONDS must be in [0, inf]"),
+    (("--grace-seconds", "nan"), {}, "--grace-seconds / SEQSERVE_GRACE_SECONDS must be in [0, inf], got nan"),
+    ((), {"SEQSERVE_GRACE_SECONDS": "inf"}, "--grace-seconds / SEQSERVE_GRACE_SECONDS must be in [0, inf], got inf"),
+    (("--tls-cert-file", __file__), {}, "TLS needs both --tls-cert-file / SEQSERVE_TLS_CERT_FILE and --tls-key-file"),
+    (("--tls-client-ca-file", __file__), {}, "--tls-client-ca-file / SEQSERVE_TLS_CLIENT_CA_FILE (mutual TLS) needs"),
+    (("--tls-cert-file", "/nonexistent.pem", "--tls-key-file", __file__), {},
+     "--tls-cert-file / SEQSERVE_TLS_CERT_FILE: no file at /nonexistent.pem"),
+    ((), {"SEQSERVE_AUTH_TOKENS": "short,also-short"}, "2 bearer token(s) shorter than 16 characters"),
+    (("--auth-token-file", "/nonexistent"), {}, "--auth-token-file / SEQSERVE_AUTH_TOKEN_FILE: no file at"),
+    (("--max-receive-message-bytes", "100"), {}, "--max-receive-message-bytes / SEQSERVE_MAX_RECEIVE_MESSAGE_BYTES "
+                                                 "must be in [1024, inf]"),
+    (("--max-inflight-bytes", "2048"), {}, "--max-receive-message-bytes / SEQSERVE_MAX_RECEIVE_MESSAGE_BYTES "
+                                           "(1048576) exceeds --max-inflight-bytes"),
+    (("--max-stop-bytes", "0"), {}, "--max-stop-bytes / SEQSERVE_MAX_STOP_BYTES must be in [1, inf], got 0"),
 ])
 def test_invalid_settings_name_the_flag_and_the_variable(tiny_bundle, argv, env, message):
     env = {"SEQSERVE_BUNDLE": str(tiny_bundle)} | env if "bundle" not in message else env
     with pytest.raises(st.SettingsError) as info:
         st.load(_flags(*argv), env)
     assert message in str(info.value)
+
+
+def test_secure_by_default_and_secrets_stay_out_of_logs(tiny_bundle, tmp_path):
+    s = st.load({}, {"SEQSERVE_BUNDLE": str(tiny_bundle), "SEQSERVE_AUTH_TOKENS": "x" * 16 + ", " + "y" * 20})
+    assert s.bind == s.metrics_bind == "127.0.0.1" and s.tls_cert_file is None
+    assert s.tokens() == {"x" * 16, "y" * 20} and "x" * 16 not in repr(s)
+    assert st.load({}, {"SEQSERVE_BUNDLE": str(tiny_bundle), "SEQSERVE_BIND": "0.0.0.0"}).bind == "0.0.0.0"
+    empty = tmp_path / "tokens"
+    empty.write_text("# nothing yet\n")
+    with pytest.raises(st.SettingsError, match="holds no token"):
+        st.Settings(bundle=tiny_bundle, auth_token_file=empty)
 
 
 def test_limits_default_to_the_bundle_and_refuse_more(tiny_bundle):

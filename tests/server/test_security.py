@@ -1,0 +1,194 @@
+"""TLS, mutual TLS and bearer tokens on real servers, with certificates the test makes (trustme)."""
+from __future__ import annotations
+
+import urllib.error
+import urllib.request
+
+import grpc
+import pytest
+import trustme
+from grpc_harness import Served, request
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
+
+from seqserve.cli.main import main
+from seqserve.server.channel import Connection
+from seqserve.server.client import Client
+from seqserve.server.healthcheck import check
+from seqserve.server.healthcheck import main as healthcheck_main
+from seqserve.v1 import seqserve_pb2 as pb
+
+TOKEN, OTHER_TOKEN, WRONG = "t0ken-" + "a" * 26, "t0ken-" + "b" * 26, "t0ken-" + "c" * 26
+Code = grpc.StatusCode
+
+
+class PKI:
+    """A server CA with a certificate for 127.0.0.1, a client CA with one client certificate, and a stranger CA."""
+
+    def __init__(self, root) -> None:
+        self.root = root
+        server_ca, client_ca, stranger = trustme.CA(), trustme.CA(), trustme.CA()
+        self.ca = self._write("ca.pem", server_ca.cert_pem)
+        self.stranger_ca = self._write("stranger-ca.pem", stranger.cert_pem)
+        self.cert, self.key = self._issue(server_ca, "server", "127.0.0.1", "localhost")
+        self.client_ca = self._write("client-ca.pem", client_ca.cert_pem)
+        self.client_cert, self.client_key = self._issue(client_ca, "client", "client.example")
+        self.stranger_cert, self.stranger_key = self._issue(stranger, "stranger", "client.example")
+
+    def _write(self, name: str, blob) -> str:
+        path = self.root / name
+        blob.write_to_path(str(path))
+        return str(path)
+
+    def _issue(self, ca: trustme.CA, name: str, *identities: str) -> tuple[str, str]:
+        issued = ca.issue_cert(*identities)
+        chain = self.root / f"{name}.pem"
+        chain.write_bytes(b"".join(blob.bytes() for blob in issued.cert_chain_pems))
+        return str(chain), self._write(f"{name}.key", issued.private_key_pem)
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory) -> PKI:
+    return PKI(tmp_path_factory.mktemp("pki"))
+
+
+@pytest.fixture(scope="module")
+def tls_server(tiny_bundle, pki):
+    s = Served(tiny_bundle, tls_cert_file=pki.cert, tls_key_file=pki.key, metrics_port=-1).wait_ready()
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def auth_server(tiny_bundle, tmp_path_factory):
+    token_file = tmp_path_factory.mktemp("tokens") / "tokens"
+    token_file.write_text(f"# one token per line\n{TOKEN}\n\n")
+    s = Served(tiny_bundle, auth_token_file=token_file, auth_tokens=OTHER_TOKEN, metrics_port=-1).wait_ready()
+    yield s
+    s.stop()
+
+
+def _code(call, *args, **kwargs) -> grpc.StatusCode:
+    with pytest.raises(grpc.RpcError) as info:
+        result = call(*args, **kwargs)
+        if not hasattr(result, "SerializeToString"):
+            list(result)
+    return info.value.code()
+
+
+def test_tls_right_ca_connects_plaintext_and_wrong_ca_fail(tls_server, pki, heldout, capsys):
+    src, tgt = heldout[0]
+    with Client(tls_server.address, timeout=30, connection=Connection(ca_file=pki.ca)) as client:
+        assert client.generate(src).text == tgt
+        assert "".join(p.text for p in client.stream(src)) == tgt
+    assert check(tls_server.address, connection=Connection(ca_file=pki.ca)) == "SERVING"
+    assert healthcheck_main([tls_server.address, "--ca-file", pki.ca]) == 0
+    assert main(["generate", src, "--server", tls_server.address, "--ca-file", pki.ca]) == 0
+    assert capsys.readouterr().out == f"SERVING\n{tgt}\n"
+    for connection in (Connection(), Connection(ca_file=pki.stranger_ca)):  # plaintext; a CA that never signed it
+        with Client(tls_server.address, timeout=10, connection=connection) as client:
+            with pytest.raises(grpc.RpcError) as info:
+                client.generate(src)
+            assert info.value.code() == Code.UNAVAILABLE
+    assert check(tls_server.address, timeout=5) == "UNAVAILABLE"
+
+
+def test_mutual_tls_refuses_clients_without_a_certificate_it_trusts(tiny_bundle, pki, heldout):
+    s = Served(tiny_bundle, tls_cert_file=pki.cert, tls_key_file=pki.key, tls_client_ca_file=pki.client_ca,
+               metrics_port=-1).wait_ready()
+    try:
+        src, tgt = heldout[0]
+        ok = Connection(ca_file=pki.ca, cert_file=pki.client_cert, key_file=pki.client_key)
+        with Client(s.address, timeout=30, connection=ok) as client:
+            assert client.generate(src).text == tgt
+        for refused in (Connection(ca_file=pki.ca),  # no client certificate
+                        Connection(ca_file=pki.ca, cert_file=pki.stranger_cert, key_file=pki.stranger_key)):
+            with Client(s.address, timeout=10, connection=refused) as client:
+                with pytest.raises(grpc.RpcError) as info:
+                    client.generate(src)
+                assert info.value.code() == Code.UNAVAILABLE
+    finally:
+        s.stop()
+
+
+@pytest.mark.parametrize("token", [None, WRONG, TOKEN[:-1], "Bearer", ""], ids=["missing", "wrong", "prefix",
+                                                                                  "word", "empty"])
+def test_a_missing_or_wrong_token_is_unauthenticated_on_every_method(auth_server, heldout, token):
+    metadata = () if token is None else (("authorization", f"Bearer {token}"),)
+    stub, src = auth_server.stub, heldout[0][0]
+    assert _code(stub.Generate, request(src), metadata=metadata, timeout=10) == Code.UNAUTHENTICATED
+    assert _code(stub.GenerateStream, request(src), metadata=metadata, timeout=10) == Code.UNAUTHENTICATED
+    assert _code(stub.GenerateBatch, pb.GenerateBatchRequest(inputs=[src]), metadata=metadata,
+                 timeout=10) == Code.UNAUTHENTICATED
+    assert _code(stub.GetModelInfo, pb.GetModelInfoRequest(), metadata=metadata, timeout=10) == Code.UNAUTHENTICATED
+    junk = auth_server.channel.unary_unary("/seqserve.v1.Generation/Generate")  # raw bytes: refused before decoding
+    assert _code(junk, b"\xff\xff\xff", metadata=metadata, timeout=10) == Code.UNAUTHENTICATED
+
+
+def test_right_tokens_from_the_file_and_the_variable_pass(auth_server, heldout, tmp_path, capsys, monkeypatch):
+    src, tgt = heldout[0]
+    before = auth_server.metric("seqserve_requests_total", method="Generate", code="UNAUTHENTICATED")
+    for token in (TOKEN, OTHER_TOKEN):
+        with Client(auth_server.address, timeout=30, connection=Connection(token=token)) as client:
+            assert client.generate(src).text == tgt
+            assert "".join(p.text for p in client.stream(src)) == tgt
+            assert [r.text for r in client.generate_batch([src])] == [tgt]
+            assert client.model_info()["limits"]["max_inflight_bytes"] > 0
+    assert _code(auth_server.stub.Generate, request(src), timeout=10) == Code.UNAUTHENTICATED
+    assert auth_server.metric("seqserve_requests_total", method="Generate", code="UNAUTHENTICATED") == before + 1
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN + "\n")
+    assert main(["generate", src, "--server", auth_server.address, "--token-file", str(token_file)]) == 0
+    monkeypatch.setenv("SEQSERVE_TOKEN", OTHER_TOKEN)
+    assert main(["generate", src, "--server", auth_server.address, "--stream"]) == 0
+    monkeypatch.delenv("SEQSERVE_TOKEN")
+    assert main(["generate", src, "--server", auth_server.address]) == 1
+    out, err = capsys.readouterr()
+    assert out == f"{tgt}\n{tgt}\n" and "error: UNAUTHENTICATED" in err
+
+
+def test_health_is_open_by_setting_and_reflection_needs_the_token(auth_server, tiny_bundle):
+    assert check(auth_server.address) == "SERVING"  # probes and load balancers carry no token
+    with pytest.raises(grpc.RpcError) as info:
+        ProtoReflectionDescriptorDatabase(auth_server.channel).get_services()
+    assert info.value.code() == Code.UNAUTHENTICATED
+    with Connection(token=TOKEN).channel(auth_server.address) as channel:
+        assert "seqserve.v1.Generation" in ProtoReflectionDescriptorDatabase(channel).get_services()
+    closed = Served(tiny_bundle, auth_tokens=TOKEN, auth_exempt_health=False, metrics_port=-1).wait_ready()
+    try:
+        assert check(closed.address) == "UNAUTHENTICATED"
+        assert check(closed.address, connection=Connection(token=TOKEN)) == "SERVING"
+    finally:
+        closed.stop()
+
+
+def test_reflection_off_and_metrics_only_at_their_path(make_server):
+    s = make_server(reflection=False, metrics_bind="127.0.0.1")
+    with pytest.raises(grpc.RpcError) as info:
+        ProtoReflectionDescriptorDatabase(s.channel).get_services()
+    assert info.value.code() == Code.UNIMPLEMENTED
+    health = health_pb2_grpc.HealthStub(s.channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
+    assert health.status == health_pb2.HealthCheckResponse.SERVING  # the rest of the server is there
+    base = f"http://127.0.0.1:{s.app.metrics_port}"
+    assert "seqserve_requests_total" in urllib.request.urlopen(base + "/metrics", timeout=10).read().decode()
+    assert urllib.request.urlopen(base + "/metrics?name[]=seqserve_waiting_requests", timeout=10).status == 200
+    for path in ("/", "/metric", "/metrics/x", "/favicon.ico"):
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(base + path, timeout=10)
+        assert err.value.code == 404, path
+    assert s.app._http.server_address[0] == "127.0.0.1"
+
+
+def test_a_message_over_the_receive_limit_is_resource_exhausted(make_server):
+    s = make_server(max_receive_message_bytes=4096, max_inflight_bytes=8192)
+    assert s.stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=10).limits.max_receive_message_bytes == 4096
+    assert _code(s.stub.Generate, request("a " * 3000), timeout=10) == Code.RESOURCE_EXHAUSTED
+    assert s.stub.Generate(request("b 5 9", max_new_tokens=2), timeout=30).usage.generated_tokens > 0
+
+
+def test_generate_offers_every_connection_flag():
+    from seqserve.cli.main import build_parser
+    from seqserve.server.channel import CONNECTION_HELP
+
+    generate = build_parser()._subparsers._group_actions[0].choices["generate"]
+    assert set(CONNECTION_HELP) <= {a.dest for a in generate._actions}
