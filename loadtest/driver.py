@@ -18,7 +18,7 @@ from tqdm import tqdm
 from seqserve.loadtest.slo import Slo, missed
 from seqserve.loadtest.summary import METHODS, Summary
 from seqserve.loadtest.workload import heldout_file
-from seqserve.server.client import decoding_from_args, options
+from seqserve.server.client import decoding_from_args, option_flags, options
 
 LOCUSTFILE = Path(__file__).with_name("locustfile.py")
 _DURATION = re.compile(r"(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?")
@@ -77,10 +77,7 @@ class LoadTest:
                 "--summary-json", str(out / "summary.json"), "--heldout", str(self.heldout), "--tags", *self.methods]
         argv += ["--reset-stats"] if self.reset_stats else []
         argv += ["--timeout", str(self.timeout_s)] if self.timeout_s else []
-        for name, value in self.decoding.items():
-            for v in value if isinstance(value, list) else [] if value is None else [value]:
-                argv.append(f"--{name.replace('_', '-')}={v}")  # `=` keeps a stop string like "-" a value
-        return argv
+        return argv + option_flags(self.decoding)
 
 
 def run(test: LoadTest, out: Path, progress: bool = True) -> Summary:

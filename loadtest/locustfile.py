@@ -12,8 +12,10 @@ Interactive, with locust's web UI on http://localhost:8089 (from the repository 
 
 Inputs are drawn at random from the held-out split the bundle was evaluated on (`--heldout`: the bundle
 directory or its heldout.tsv). Decoding options are the proto's names as flags (`--max-new-tokens`,
-`--temperature`, `--top-k`, `--top-p`, `--repetition-penalty`, `--min-new-tokens`, `--stop`, `--seed`); the
-web UI shows them under "Custom parameters". `--tags Generate` or `--tags GenerateStream` runs one method only.
+`--temperature`, `--top-k`, `--top-p`, `--repetition-penalty`, `--min-new-tokens`, `--stop`, `--seed`,
+`--num-beams`, `--num-return-sequences`, `--length-penalty`, `--early-stopping`, `--return-logprobs`,
+`--top-logprobs`); the web UI shows them under "Custom parameters" (booleans as true / false).
+`--tags Generate` or `--tags GenerateStream` runs one method only.
 
 Statistics: request type "grpc" rows are whole calls, with "content size" = generated tokens; "ttft" rows are
 streams' time to first token (so locust's own "Aggregated" row counts each stream twice; summary.json does not).

@@ -11,6 +11,7 @@ TLS, a client certificate and a bearer token: `Client(address, connection=Connec
 """
 from __future__ import annotations
 
+import argparse
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -32,16 +33,50 @@ OPTION_HELP = {
     "repetition_penalty": "1 = disabled",
     "stop": "stop string (repeatable)",
     "seed": "sampling seed (unset = chosen by the server and returned)",
+    "num_beams": "beam search width; 1 = off (needs temperature 0)",
+    "num_return_sequences": "sequences returned, best first; at most num_beams",
+    "length_penalty": "score = cumulative logprob / generated tokens ** length_penalty; > 0 favours longer (unset = 1)",
+    "early_stopping": "beams end as soon as num_beams hypotheses are finished (default: HF's heuristic)",
+    "return_logprobs": "return each generated token's log-probability",
+    "top_logprobs": "with --return-logprobs, also this many most likely tokens per step; 0 = none",
 }
+
+
+def _flag_bool(value: str) -> bool:
+    """A boolean option given as text (locust's web UI form): true/false, 1/0, yes/no, on/off."""
+    text = value.strip().lower()
+    if text not in ("true", "1", "yes", "on", "false", "0", "no", "off"):
+        raise ValueError(f"not a boolean: {value!r}")
+    return text in ("true", "1", "yes", "on")
+
+
 _FLAG_TYPES = {FieldDescriptor.TYPE_UINT32: int, FieldDescriptor.TYPE_INT32: int, FieldDescriptor.TYPE_UINT64: int,
-               FieldDescriptor.TYPE_FLOAT: float, FieldDescriptor.TYPE_STRING: str}
+               FieldDescriptor.TYPE_FLOAT: float, FieldDescriptor.TYPE_STRING: str,
+               FieldDescriptor.TYPE_BOOL: _flag_bool}
 
 
 def add_decoding_arguments(parser) -> None:
     """One flag per DecodingOptions field, named after it (`--max-new-tokens`); every command that decodes uses this."""
     for f in pb.DecodingOptions.DESCRIPTOR.fields:
-        parser.add_argument("--" + f.name.replace("_", "-"), type=_FLAG_TYPES[f.type], help=OPTION_HELP[f.name],
-                            action="append" if f.is_repeated else "store")
+        flag = "--" + f.name.replace("_", "-")
+        if f.type == FieldDescriptor.TYPE_BOOL:  # --return-logprobs / --no-return-logprobs; absent = unset
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=OPTION_HELP[f.name])
+        else:
+            parser.add_argument(flag, type=_FLAG_TYPES[f.type], help=OPTION_HELP[f.name],
+                                action="append" if f.is_repeated else "store")
+
+
+def option_flags(decoding: dict) -> list[str]:
+    """The flags that give these decoding keywords back through add_decoding_arguments (None = left out)."""
+    flags = []
+    for name, value in decoding.items():
+        flag = "--" + name.replace("_", "-")
+        if isinstance(value, bool):
+            flags.append(flag if value else "--no-" + flag[2:])
+            continue
+        for v in value if isinstance(value, list) else [] if value is None else [value]:
+            flags.append(f"{flag}={v}")  # `=` keeps a stop string like "-" a value
+    return flags
 
 
 def decoding_from_args(args) -> dict:
@@ -71,6 +106,28 @@ class Result:
     first_token_seconds: float
     total_seconds: float
     seed: int
+    sequences: tuple[Sequence, ...] = ()  # best first; sequences[0] is text / token_ids / finish_reason above
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """A generated token's log-probability, with the most likely (token_id, logprob) at its step when asked."""
+
+    token_id: int
+    logprob: float
+    top_logprobs: tuple[tuple[int, float], ...] = ()
+
+
+@dataclass(frozen=True)
+class Sequence:
+    """One returned sequence (a beam hypothesis, or the greedy / sampled output)."""
+
+    text: str
+    token_ids: list[int]
+    finish_reason: str  # eos | length | stop
+    cumulative_logprob: float  # the end token's log-probability included when finish_reason is eos
+    score: float  # cumulative_logprob / (len(token_ids) + end token) ** length_penalty
+    logprobs: tuple[TokenLogprob, ...] = ()  # with return_logprobs: one per token cumulative_logprob sums
 
 
 @dataclass(frozen=True)
@@ -93,11 +150,19 @@ def _finish_name(value: int) -> str:
     return pb.FinishReason.Name(value).removeprefix("FINISH_REASON_").lower()
 
 
+def _sequence(s: pb.Sequence) -> Sequence:
+    logprobs = tuple(TokenLogprob(t.token_id, t.logprob, tuple((a.token_id, a.logprob) for a in t.top_logprobs))
+                     for t in s.logprobs)
+    return Sequence(text=s.text, token_ids=list(s.token_ids), finish_reason=_finish_name(s.finish_reason),
+                    cumulative_logprob=s.cumulative_logprob, score=s.score, logprobs=logprobs)
+
+
 def _result(m, text: str, token_ids: list[int]) -> Result:
     return Result(text=text, token_ids=token_ids, finish_reason=_finish_name(m.finish_reason),
                   input_tokens=m.usage.input_tokens, generated_tokens=m.usage.generated_tokens,
                   queue_seconds=m.timings.queue_seconds, first_token_seconds=m.timings.first_token_seconds,
-                  total_seconds=m.timings.total_seconds, seed=m.seed)
+                  total_seconds=m.timings.total_seconds, seed=m.seed,
+                  sequences=tuple(_sequence(s) for s in m.sequences))
 
 
 class Client:

@@ -17,26 +17,41 @@ def test_generate_and_loadtest_take_the_protos_option_names():
     proto_flags = {"--" + name.replace("_", "-") for name in OPTION_NAMES}
     assert proto_flags <= _flags("generate") and proto_flags <= _flags("loadtest")
     args = build_parser().parse_args(["loadtest", "--max-new-tokens", "5", "--stop", "a", "--stop", "b",
-                                      "--temperature", "0.5"])
+                                      "--temperature", "0.5", "--num-beams", "4", "--length-penalty", "0.6",
+                                      "--no-early-stopping", "--return-logprobs", "--top-logprobs", "2"])
     assert decoding_from_args(args) == {"max_new_tokens": 5, "min_new_tokens": None, "temperature": 0.5,
                                         "top_k": None, "top_p": None, "repetition_penalty": None,
-                                        "stop": ["a", "b"], "seed": None}
+                                        "stop": ["a", "b"], "seed": None, "num_beams": 4,
+                                        "num_return_sequences": None, "length_penalty": 0.6,
+                                        "early_stopping": False, "return_logprobs": True, "top_logprobs": 2}
 
 
 def test_web_ui_strings_become_typed_options():
     class Form:  # locust's web UI hands custom parameters back as strings, "" when left empty
         max_new_tokens, min_new_tokens, temperature, top_k, top_p, repetition_penalty, stop, seed = \
             "7", "", "0.5", "", "", "", "END", ""
+        num_beams, num_return_sequences, length_penalty, early_stopping, return_logprobs, top_logprobs = \
+            "3", "", "", "false", "true", ""
 
     assert {k: v for k, v in decoding_from_args(Form).items() if v is not None} == \
-        {"max_new_tokens": 7, "temperature": 0.5, "stop": ["END"]}
+        {"max_new_tokens": 7, "temperature": 0.5, "stop": ["END"], "num_beams": 3, "early_stopping": False,
+         "return_logprobs": True}
+    Form.return_logprobs = "maybe"
+    with pytest.raises(ValueError, match="not a boolean"):
+        decoding_from_args(Form)
 
 
 def test_locust_command_line_carries_the_options(tmp_path):
+    decoding = {"max_new_tokens": 4, "stop": ["-", "x"], "seed": None, "num_beams": 2, "early_stopping": True,
+                "return_logprobs": False}
     test = LoadTest(target="h:1", heldout=tmp_path / "heldout.tsv", users=2, duration_s=parse_duration("1m5s"),
-                    decoding={"max_new_tokens": 4, "stop": ["-", "x"], "seed": None})
+                    decoding=decoding)
     argv = test.locust_argv(tmp_path)
     assert argv[argv.index("--run-time") + 1] == "65s"
-    assert {"--max-new-tokens=4", "--stop=-", "--stop=x"} <= set(argv) and not any("seed" in a for a in argv)
+    assert {"--max-new-tokens=4", "--stop=-", "--stop=x", "--num-beams=2", "--early-stopping",
+            "--no-return-logprobs"} <= set(argv) and not any("seed" in a for a in argv)
+    flags = argv[argv.index("--tags") + 1 + len(test.methods):]  # what locust parses back into options
+    back = decoding_from_args(build_parser().parse_args(["loadtest", *flags]))
+    assert {k: v for k, v in back.items() if v is not None} == {k: v for k, v in decoding.items() if v is not None}
     with pytest.raises(ValueError, match="duration"):
         parse_duration("5 minutes")

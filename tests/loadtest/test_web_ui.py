@@ -45,7 +45,8 @@ def test_locustfile_runs_from_the_web_ui(server, tiny_bundle, tmp_path):
         wait_for(lambda: _up(url), timeout=60, what="locust's web UI")
         blank = dict.fromkeys(["timeout", "temperature", "top_k", "top_p", "repetition_penalty", "stop", "seed"], "")
         form = {"user_count": "2", "spawn_rate": "2", "host": server.address, "heldout": str(tiny_bundle),
-                "max_new_tokens": "3", "min_new_tokens": "3"} | blank
+                "max_new_tokens": "3", "min_new_tokens": "3", "num_beams": "1", "return_logprobs": "true",
+                "early_stopping": "false"} | blank
         assert _post(url + "/swarm", form)["success"]
         wait_for(lambda: server.metric("seqserve_requests_total", method="GenerateStream", code="OK") >= 5,
                  timeout=60, what="streams from the web UI's users")
@@ -56,5 +57,6 @@ def test_locustfile_runs_from_the_web_ui(server, tiny_bundle, tmp_path):
         proc.wait(30)
     summary = json.loads(summary_path.read_text())
     assert summary["users"] == 2 and summary["requests"] > 0 and summary["failures"] == 0
-    assert summary["decoding"] == {"max_new_tokens": 3, "min_new_tokens": 3}
+    assert summary["decoding"] == {"max_new_tokens": 3, "min_new_tokens": 3, "num_beams": 1, "return_logprobs": True,
+                                   "early_stopping": False}
     assert summary["generated_tokens"] == 3 * summary["requests"]  # the form's strings reached the server as numbers

@@ -40,8 +40,8 @@ def target(h) -> list[int]:
     return h.token_ids + [2] * (h.finish_reason == EOS)
 
 
-@pytest.mark.parametrize("vocab, seed, norm_first, reasons", [(40, 0, False, {LENGTH}), (6, 0, False, {EOS, LENGTH}),
-                                                              (6, 3, True, {EOS, LENGTH}), (7, 6, False, {EOS, LENGTH})])
+@pytest.mark.parametrize("vocab, seed, norm_first, reasons", [
+    (40, 0, False, {LENGTH}), (6, 0, False, {EOS, LENGTH}), (6, 3, True, {EOS, LENGTH}), (7, 6, False, {EOS, LENGTH})])
 def test_one_beam_is_greedy_decode(vocab, seed, norm_first, reasons):
     model = random_model(vocab, seed, norm_first)
     sources = sources_for(model)
