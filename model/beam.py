@@ -1,8 +1,10 @@
 """Reference beam search in PyTorch, with Hugging Face transformers' semantics: the ground truth for the server's beams.
 
 Pinned against transformers' vectorised `GenerationMixin._beam_search` (src/transformers/generation/utils.py, the
-refactor of PR #35802, read at commit 000034a4); the older `BeamSearchScorer` / `BeamHypotheses` in
-generation/beam_search.py gave the same scores for hypotheses that end with the end token. Per source, each step:
+refactor of PR #35802, read at commit 000034a4). Older releases' `BeamHypotheses.add` (generation/beam_search.py)
+divided by other lengths: first hyp.shape[-1] (the start token plus the tokens before the end token: the same n
+for a hypothesis that ends with the end token, n + 1 for one stopped by the length), later generated_len =
+cur_len - decoder_prompt_len (the end token not counted). Per source, each step:
 
   * candidates = every live beam x every token, scored by cumulative log-probability (sum of the model's
     log_softmax of each chosen token; min_new_tokens sets the end token's log-probability to -inf first, without
