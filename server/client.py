@@ -125,8 +125,8 @@ class Sequence:
     text: str
     token_ids: list[int]
     finish_reason: str  # eos | length | stop
-    cumulative_logprob: float  # the end token's log-probability included when finish_reason is eos
-    score: float  # cumulative_logprob / (len(token_ids) + end token) ** length_penalty
+    cumulative_logprob: float | None  # the end token's included on eos; None: not computed (no return_logprobs)
+    score: float | None  # cumulative_logprob / (len(token_ids) + end token) ** length_penalty; None as above
     logprobs: tuple[TokenLogprob, ...] = ()  # with return_logprobs: one per token cumulative_logprob sums
 
 
@@ -154,7 +154,8 @@ def _sequence(s: pb.Sequence) -> Sequence:
     logprobs = tuple(TokenLogprob(t.token_id, t.logprob, tuple((a.token_id, a.logprob) for a in t.top_logprobs))
                      for t in s.logprobs)
     return Sequence(text=s.text, token_ids=list(s.token_ids), finish_reason=_finish_name(s.finish_reason),
-                    cumulative_logprob=s.cumulative_logprob, score=s.score, logprobs=logprobs)
+                    cumulative_logprob=s.cumulative_logprob if s.HasField("cumulative_logprob") else None,
+                    score=s.score if s.HasField("score") else None, logprobs=logprobs)
 
 
 def _result(m, text: str, token_ids: list[int]) -> Result:

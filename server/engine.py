@@ -15,11 +15,12 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from seqserve.server import finish
+from seqserve.server.beam import Beam, BeamSearch, top_alternatives
 from seqserve.server.detokenizer import TextStream
 from seqserve.server.metrics import Metrics
-from seqserve.server.request import FinishReason, Request, RequestStatus
+from seqserve.server.request import FinishReason, Request, RequestStatus, Sequence, TokenLogprob
 from seqserve.server.runner import Runner
-from seqserve.server.sampling import choose
+from seqserve.server.sampling import choose, log_softmax
 from seqserve.server.scheduler import Plan, Scheduler
 
 log = logging.getLogger(__name__)
@@ -34,6 +35,8 @@ class Engine:
         self.banned = np.array([special[k] for k in ("pad_id", "bos_id", "unk_id")], np.int64)  # never sampled
         self._text: dict[Request, TextStream] = {}  # text of each running request that streams or has stop strings
         self._sampled: set[Request] = set()  # running requests whose token is not a plain argmax
+        self._beams: dict[Request, BeamSearch] = {}  # running beam requests (their rows are chosen by the search)
+        self._logprobs: dict[Request, list[TokenLogprob]] = {}  # running requests that return log-probabilities
         self._sinks: set = set()  # sinks that got events this step: flushed once at its end
         self._ended_waiting: list[Request] = []  # waiting requests this engine ended (their encoder failed)
         self._last_step_at: float | None = None
@@ -76,10 +79,15 @@ class Engine:
         admitted = [r for r in plan.admitted if not r.done]
         self.runner.admit(admitted)
         for r in admitted:
+            if r.n_rows > 1:
+                self._beams[r] = BeamSearch(r.params, self.eos_id)
+                continue
             if r.stream or r.params.stop:
                 self._text[r] = TextStream(self.tokenizer, r.params.stop)
             if not r.params.greedy:
                 self._sampled.add(r)
+            if r.params.return_logprobs:
+                self._logprobs[r] = []
 
     def _encode(self, requests: list[Request]) -> None:
         try:
@@ -131,7 +139,7 @@ class Engine:
     def _fail(self, rows: list[int]) -> None:
         """These rows end with ERROR and leave now (they are counted when the scheduler retires them)."""
         slots, now = self.runner.slots, time.monotonic()
-        failed = [slots.requests[i] for i in rows]
+        failed = list(dict.fromkeys(slots.requests[i] for i in rows))  # a beam request holds several rows
         for r in failed:
             r.end(FinishReason.ERROR, now, finish.ERROR_MESSAGE)
             self._sinks.add(r.sink)
@@ -141,23 +149,28 @@ class Engine:
     def _forget(self, r: Request) -> None:
         self._text.pop(r, None)
         self._sampled.discard(r)
+        self._beams.pop(r, None)
+        self._logprobs.pop(r, None)
 
     def _update(self, logits: np.ndarray) -> None:
         """Chooses every row's token, appends it, and ends the rows a finish rule says are done."""
         slots, now = self.runner.slots, time.monotonic()
         per_row = {s: (r, slots.ids[s, 1 : 1 + slots.length[s]]) for r in self._sampled
-                   if (s := slots.index.get(r.id)) is not None}
+                   if (s := slots.slot_of(r)) is not None}
         chosen = choose(logits, per_row, self.eos_id, self.banned)  # (hi,)
         hi = slots.hi
-        live = slots.live[:hi]
-        codes = np.where(live, finish.after_token(chosen, slots.length[:hi], slots.max_new[:hi], self.eos_id), 0)
-        appended = live & (codes != 1)  # (hi,) EOS ends a row without being returned
-        new = np.flatnonzero(live & (slots.length[:hi] == 0))  # rows producing their first token now
+        single = slots.live[:hi] & ~slots.beam[:hi]  # (hi,) rows whose token is chosen here (beams: below)
+        codes = np.where(single, finish.after_token(chosen, slots.length[:hi], slots.max_new[:hi], self.eos_id), 0)
+        appended = single & (codes != finish.EOS)  # (hi,) EOS ends a row without being returned
+        new = np.flatnonzero(slots.live[:hi] & (slots.length[:hi] == 0))  # rows producing their first token now
+        for r, track in self._logprobs.items():
+            s = slots.slot_of(r)
+            track.append(_logprob(logits[s], int(chosen[s]), r.params.top_logprobs))
         slots.append(chosen, appended)
-        for s in new.tolist():
-            self._first_token(slots.requests[s], now)
+        for r in dict.fromkeys(slots.requests[s] for s in new.tolist()):
+            self._first_token(r, now)
         for r, text in self._text.items():
-            s = slots.index[r.id]
+            s = slots.slot_of(r)
             if appended[s]:
                 piece = text.push(int(chosen[s]))
                 if text.stopped:
@@ -165,10 +178,45 @@ class Engine:
                 self._stream(r, (int(chosen[s]),), piece)
         for s in np.flatnonzero(codes).tolist():
             self._end(slots.requests[s], s, finish.REASONS[int(codes[s])], now)
-        self.metrics.generated_tokens.inc(int(appended.sum()))  # EOS is not returned, so not counted: equals usage
+        generated = int(appended.sum()) + self._advance_beams(logits, now)
+        self.metrics.generated_tokens.inc(generated)  # EOS is not returned, so not counted: equals usage
         if self._last_step_at is not None:
             self.metrics.inter_token_latency.observe(now - self._last_step_at)  # once per step: rows share it
         self._last_step_at = now
+
+    def _advance_beams(self, logits: np.ndarray, now: float) -> int:
+        """Each beam request's search takes a step: its rows are reordered by parent and extended, or it ends.
+        Returns the tokens of the requests that ended (a beam request's usage is its best sequence)."""
+        slots, generated = self.runner.slots, 0
+        for r, search in list(self._beams.items()):
+            rows = slots.slots_of(r)
+            live = rows[: len(search.live)]
+            parents, tokens = search.advance(log_softmax(logits[live]))
+            if search.done:
+                generated += self._end_beams(r, search, now)
+                continue
+            dst = rows[: len(parents)]
+            self.runner.reorder(dst, [live[p] for p in parents])  # each new beam continues its parent's cache
+            chosen = np.zeros(slots.hi, np.int64)
+            chosen[dst] = tokens
+            mask = np.zeros(slots.hi, bool)
+            mask[dst] = True
+            slots.append(chosen, mask)
+        return generated
+
+    def _end_beams(self, r: Request, search: BeamSearch, now: float) -> int:
+        r.sequences = [Sequence(h.token_ids, self.tokenizer.decode(h.token_ids, skip_special_tokens=True),
+                                h.finish_reason, h.cumulative_logprob, h.score,
+                                _logprobs(h.beam) if r.params.return_logprobs else ())
+                       for h in search.results()]
+        best = r.sequences[0]
+        r.output_ids, r.text = best.token_ids, best.text
+        if r.stream:  # beams stream nothing until the end, then the whole best text (the proto documents this)
+            r.emit(tuple(best.token_ids), best.text)
+        r.end(best.finish_reason, now)
+        self._sinks.add(r.sink)
+        self._beams.pop(r)
+        return len(best.token_ids)
 
     def _first_token(self, r: Request, now: float) -> None:
         r.first_token_at = now
@@ -188,6 +236,14 @@ class Engine:
         else:
             self._stream(r, (), text.close(r.output_ids))
             r.text = text.text
+        track = self._logprobs.get(r)
+        if track is None:
+            r.sequences = [Sequence(r.output_ids, r.text, reason)]
+        else:  # the scored tokens: the returned ones, plus the end token on EOS (a stop string cuts no score)
+            track = track[: len(r.output_ids) + (reason is FinishReason.EOS)]
+            cum = sum(t.logprob for t in track)
+            r.sequences = [Sequence(r.output_ids, r.text, reason, cum, cum / max(1, len(track)) **
+                                    r.params.length_penalty, tuple(track))]
         r.end(reason, now)
         self._sinks.add(r.sink)
 
@@ -235,3 +291,13 @@ class Engine:
                 log.exception("engine step failed")
                 self._fail(self._live())
                 self._emit(Plan([], [], [], []))
+
+
+def _logprob(logits: np.ndarray, token: int, top: int) -> TokenLogprob:
+    """The chosen token's log-probability under the model at this step, with the top alternatives."""
+    lp = log_softmax(logits)  # (V,)
+    return TokenLogprob(token, float(lp[token]), top_alternatives(lp, top))
+
+
+def _logprobs(beam: Beam) -> tuple[TokenLogprob, ...]:
+    return tuple(TokenLogprob(t, lp, top) for t, lp, top in zip(beam.tokens, beam.logprobs, beam.tops))

@@ -61,6 +61,28 @@ class SamplingParams:
 
 
 @dataclass(frozen=True)
+class TokenLogprob:
+    token_id: int
+    logprob: float  # the model's log-probability of this token (log_softmax of its logits)
+    top: tuple[tuple[int, float], ...] = ()  # the top_logprobs most likely (id, logprob) at this step
+
+
+@dataclass(frozen=True)
+class Sequence:
+    """One returned sequence: the greedy or sampled output, or one hypothesis of a beam search."""
+
+    token_ids: list[int]  # end token excluded
+    text: str
+    finish_reason: FinishReason
+    # Sum of the tokens' log-probabilities (the end token's included on EOS), and that / n ** length_penalty. Always
+    # set for beams; for greedy and sampling only with return_logprobs, because it costs a log-softmax over the
+    # vocabulary per token (measured: ~1 ms per step at batch 64 and 2,000 tokens on these CPUs, a third of a step).
+    cumulative_logprob: float | None = None
+    score: float | None = None
+    logprobs: tuple[TokenLogprob, ...] = ()  # with return_logprobs: one per token that cumulative_logprob sums
+
+
+@dataclass(frozen=True)
 class Event:
     """What the engine hands back: new text and ids (streams only), or the end (finish_reason set)."""
 
@@ -103,6 +125,7 @@ class Request:
     arrival: float = field(default_factory=time.monotonic)
     status: RequestStatus = RequestStatus.WAITING
     output_ids: list[int] = field(default_factory=list)  # generated ids (the end token excluded)
+    sequences: list[Sequence] = field(default_factory=list)  # once FINISHED: the best first (output_ids = [0]'s)
     text: str = ""  # the returned text: final once FINISHED (a stop string cuts it)
     finish_reason: FinishReason | None = None
     error: str | None = None
@@ -128,6 +151,11 @@ class Request:
     @property
     def n_input_tokens(self) -> int:
         return len(self.input_ids)
+
+    @property
+    def n_rows(self) -> int:
+        """Rows of the running batch this request holds: one per beam."""
+        return self.params.num_beams
 
     @property
     def done(self) -> bool:

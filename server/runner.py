@@ -100,16 +100,18 @@ class Runner:
         """Encoded requests take the lowest free slots; their cross K/V move into the cache."""
         if not requests:
             return
-        into = self.slots.free(len(requests))
-        self.cache.admit([r.cross for r in requests], into)
-        for slot, request in zip(into, requests):
+        rows = [r for r in requests for _ in range(r.n_rows)]  # a beam request's beams all start from its source
+        into = self.slots.free(len(rows))
+        self.cache.admit([r.cross for r in rows], into)
+        for slot, request in zip(into, rows):
             self.slots.place(request, slot)
+        for request in requests:
             request.cross = None
 
     def retire(self, requests: list[Request]) -> None:
         """Frees the rows of requests that left (the next step drops free slots or unused past columns if it pays:
         after this step's admissions, which take free slots first)."""
-        freed = [s for s in (self.slots.slot_of(r) for r in requests) if s is not None]
+        freed = [s for r in requests for s in list(self.slots.slots_of(r))]
         for slot in freed:
             self.slots.release(slot)
         if freed:

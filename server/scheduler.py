@@ -81,7 +81,7 @@ class Scheduler:
 
     def _admit(self, kept: list[Request], now: float) -> list[Request]:
         admitted: list[Request] = []
-        rows = len(kept)
+        rows = sum(r.n_rows for r in kept)  # a beam request holds one row per beam
         longest = max((r.n_input_tokens for r in kept), default=0)
         most_new = max((r.params.max_new_tokens for r in kept), default=0)
         while self.waiting and rows < self.cfg.max_batch_size:
@@ -90,14 +90,16 @@ class Scheduler:
                 self.waiting.popleft()
                 continue
             src, new = max(longest, head.n_input_tokens), max(most_new, head.params.max_new_tokens)
-            if _padded(rows + 1, src, new) > self.cfg.max_kv_tokens and rows:
+            if rows + head.n_rows > self.cfg.max_batch_size and rows:
+                break  # a wide beam request waits for room; it is never overtaken (FCFS), and alone it always fits
+            if _padded(rows + head.n_rows, src, new) > self.cfg.max_kv_tokens and rows:
                 break  # FCFS: the head waits for cache rather than being overtaken (alone, it always runs)
             self.waiting.popleft()
             if head.status is RequestStatus.ENCODED:
                 self.encoded_bytes -= self._cross_bytes(head)
             head.status, head.scheduled_at = RequestStatus.RUNNING, now
             admitted.append(head)
-            rows, longest, most_new = rows + 1, src, new
+            rows, longest, most_new = rows + head.n_rows, src, new
         return admitted
 
     def _encode(self, admitted: list[Request]) -> list[Request]:

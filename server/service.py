@@ -19,7 +19,7 @@ import grpc
 from seqserve.server.handlers import Undecodable, add_generation_service
 from seqserve.server.metrics import Metrics
 from seqserve.server.outbox import Outbox
-from seqserve.server.request import Event, FinishReason, Request, SamplingParams
+from seqserve.server.request import Event, FinishReason, Request, SamplingParams, Sequence
 from seqserve.server.scheduler import QueueFull
 from seqserve.server.settings import Limits
 from seqserve.v1 import seqserve_pb2 as pb
@@ -332,7 +332,15 @@ def _summary(row: Request) -> dict:
                 usage=pb.Usage(input_tokens=row.n_input_tokens, generated_tokens=len(row.output_ids)),
                 timings=pb.Timings(queue_seconds=since_arrival(row.scheduled_at),
                                    first_token_seconds=since_arrival(row.first_token_at),
-                                   total_seconds=since_arrival(row.finished_at)))
+                                   total_seconds=since_arrival(row.finished_at)),
+                sequences=[_sequence(s) for s in row.sequences])
+
+
+def _sequence(s: Sequence) -> pb.Sequence:
+    return pb.Sequence(text=s.text, token_ids=s.token_ids, finish_reason=_FINISH[s.finish_reason],
+                       cumulative_logprob=s.cumulative_logprob, score=s.score,
+                       logprobs=[pb.TokenLogprob(token_id=t.token_id, logprob=t.logprob, top_logprobs=[
+                           pb.TopLogprob(token_id=i, logprob=lp) for i, lp in t.top]) for t in s.logprobs])
 
 
 def _response(row: Request) -> pb.GenerateResponse:

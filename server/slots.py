@@ -20,7 +20,8 @@ class Slots:
         self.max_new = np.zeros(capacity, np.int64)  # (C,) each row's max_new_tokens
         self.live = np.zeros(capacity, bool)  # (C,)
         self.hi = 0  # rows [0, hi) are stepped: every live row is below hi
-        self.index: dict[int, int] = {}  # request id -> its slot
+        self.index: dict[int, list[int]] = {}  # request id -> its slots (one per beam)
+        self.beam = np.zeros(capacity, bool)  # (C,) rows of beam requests (engine.py updates them per request)
 
     @property
     def n_live(self) -> int:
@@ -35,7 +36,8 @@ class Slots:
 
     def place(self, request: Request, slot: int) -> None:
         self.requests[slot] = request
-        self.index[request.id] = slot
+        self.index.setdefault(request.id, []).append(slot)
+        self.beam[slot] = request.n_rows > 1
         self.ids[slot, 0] = self.bos_id
         self.length[slot] = 0
         self.max_new[slot] = request.params.max_new_tokens
@@ -43,15 +45,24 @@ class Slots:
         self.hi = max(self.hi, slot + 1)
 
     def release(self, slot: int) -> None:
-        self.index.pop(self.requests[slot].id, None)
+        rows = self.index.get(self.requests[slot].id, [])
+        rows.remove(slot)
+        if not rows:
+            del self.index[self.requests[slot].id]
         self.requests[slot] = None
+        self.beam[slot] = False
         self.live[slot] = False
         self.length[slot] = 0
         while self.hi and not self.live[self.hi - 1]:
             self.hi -= 1
 
     def slot_of(self, request: Request) -> int | None:
-        return self.index.get(request.id)
+        """The request's (first) slot, None if it holds none."""
+        rows = self.index.get(request.id)
+        return rows[0] if rows else None
+
+    def slots_of(self, request: Request) -> list[int]:
+        return self.index.get(request.id, [])
 
     def last_tokens(self) -> np.ndarray:
         """(hi,) each stepped row's last id (BOS for a new row; free rows feed whatever they hold)."""
@@ -71,10 +82,11 @@ class Slots:
     def move(self, src: int, dst: int) -> None:
         """Moves a live row to a free lower slot (compaction); the caller moves its cache rows too."""
         self.requests[dst], self.requests[src] = self.requests[src], None
-        self.index[self.requests[dst].id] = dst
-        for a in (self.ids, self.length, self.max_new, self.live):
+        rows = self.index[self.requests[dst].id]
+        rows[rows.index(src)] = dst
+        for a in (self.ids, self.length, self.max_new, self.live, self.beam):
             a[dst] = a[src]
-        self.live[src], self.length[src] = False, 0
+        self.live[src], self.length[src], self.beam[src] = False, 0, False
         while self.hi and not self.live[self.hi - 1]:
             self.hi -= 1
 

@@ -1,0 +1,91 @@
+"""Fault isolation: a decoder step or encoder call that fails because of one request fails that request alone.
+
+The fault is injected for real: a Runner whose onnxruntime call raises whenever one chosen source is among the rows it
+runs (as a manifest overstating max_positions made GatherND fail for one long row). The batch mates must finish with
+exactly the tokens they get when served alone, and later requests must succeed.
+"""
+from __future__ import annotations
+
+import grpc
+import pytest
+
+from seqserve.contract.tokenizer import load_tokenizer
+from seqserve.contract.tsv import heldout_pairs
+from seqserve.server.device import RuntimeConfig
+from seqserve.server.engine import Engine
+from seqserve.server.finish import ERROR_MESSAGE
+from seqserve.server.request import FinishReason, Request, SamplingParams
+from seqserve.server.runner import Runner
+from seqserve.server.scheduler import Scheduler, SchedulerConfig
+from seqserve.v1 import seqserve_pb2 as pb
+
+POISON = "b 5 9 k"
+
+
+class Poisoned(Runner):
+    """Raises inside the decoder step (or the encoder) whenever a request with the poisoned source takes part."""
+
+    poison: list[int] = []
+    where = "decoder"
+
+    def _run(self, rows, advance):
+        if self.where == "decoder" and any(self.slots.requests[i] is not None and
+                                           self.slots.requests[i].input_ids == self.poison for i in rows):
+            raise RuntimeError("[ONNXRuntimeError] : 1 : FAIL : Non-zero status code returned while running GatherND")
+        return super()._run(rows, advance)
+
+    def run_encoder(self, sources):
+        if self.where == "encoder" and self.poison in sources:
+            raise RuntimeError("[ONNXRuntimeError] : encoder failed (injected)")
+        return super().run_encoder(sources)
+
+
+@pytest.fixture(scope="module")
+def setup(tiny_bundle):
+    tok = load_tokenizer(tiny_bundle / "tokenizer.json")
+    sources = [tok.encode(s).ids for s, _ in heldout_pairs(tiny_bundle, 12)]
+    runner = Poisoned(tiny_bundle, RuntimeConfig(device="cpu", intra_op_threads=1), capacity=16)
+    runner.poison = tok.encode(POISON).ids
+    engine = Engine(runner, tok, Scheduler(SchedulerConfig(max_batch_size=16, encode_batch=16,
+                                                           cross_bytes_per_token=runner.cross_bytes_per_token)))
+    alone = [engine.generate([Request(s, SamplingParams(max_new_tokens=24))])[0].output_ids for s in sources]
+    return engine, runner, sources, alone
+
+
+@pytest.mark.parametrize("where", ["decoder", "encoder"])
+def test_only_the_poisoned_request_fails_and_its_batch_mates_are_untouched(setup, where):
+    engine, runner, sources, alone = setup
+    runner.where = where
+    try:
+        mates = [Request(s, SamplingParams(max_new_tokens=24)) for s in sources]
+        poisoned = Request(runner.poison, SamplingParams(max_new_tokens=24))
+        engine.generate(mates[:6] + [poisoned] + mates[6:])
+    finally:
+        runner.where = None
+    assert poisoned.finish_reason is FinishReason.ERROR and poisoned.error == ERROR_MESSAGE
+    assert [r.output_ids for r in mates] == alone and all(r.finish_reason is not FinishReason.ERROR for r in mates)
+    assert engine.generate([Request(sources[0], SamplingParams(max_new_tokens=24))])[0].output_ids == alone[0]
+    assert runner.slots.n_live == 0 and engine.scheduler.encoded_bytes == 0
+
+
+def test_the_client_gets_internal_without_internals_and_the_error_is_counted(served):
+    runner = served.app.runner
+    poison = served.app.service.tokenizer.encode(POISON).ids
+    original = runner._run
+
+    def failing(rows, advance):
+        if any(runner.slots.requests[i] is not None and runner.slots.requests[i].input_ids == poison for i in rows):
+            raise RuntimeError("[ONNXRuntimeError] : 1 : FAIL : GatherND index out of bounds")
+        return original(rows, advance)
+
+    runner._run = failing
+    try:
+        ok = served.stub.Generate.future(pb.GenerateRequest(input="a b c", options=pb.DecodingOptions()), timeout=30)
+        with pytest.raises(grpc.RpcError) as err:
+            served.stub.Generate(pb.GenerateRequest(input=POISON), timeout=30)
+        assert ok.result().text is not None
+    finally:
+        del runner._run
+    assert err.value.code() == grpc.StatusCode.INTERNAL
+    assert "GatherND" not in err.value.details() and "ONNXRuntime" not in err.value.details()
+    assert served.metric("seqserve_finished_requests_total", reason="error") >= 1
