@@ -47,9 +47,11 @@ class InPlaceCache:
     def width(self) -> int:
         return self.src_mask.shape[1]
 
-    @property
-    def nbytes(self) -> int:
-        return sum(b.nbytes for b in self.self_kv) + sum(c.nbytes for c in self.cross)
+    def nbytes(self, live_rows: int) -> int:
+        """Bytes reserved for the live rows (their self K/V buffers and cross K/V); the preallocated rest of the
+        capacity is free, so an idle server reports 0."""
+        per_row = sum(b[0].nbytes for b in self.self_kv) + sum(c[0].nbytes for c in self.cross)
+        return live_rows * per_row
 
     def admit(self, crosses: list[list[np.ndarray]], into: list[int]) -> None:
         """New rows' encoder K/V [(H, Sn, Dh) per layer and kind] go into their slots."""

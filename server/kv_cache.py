@@ -92,9 +92,8 @@ class ConcatCache:
     def past_len(self) -> int:
         return self.self_mask.shape[1]
 
-    @property
-    def nbytes(self) -> int:
-        """Bytes the cache holds on the device, free slots included."""
+    def nbytes(self, live_rows: int = 0) -> int:
+        """Bytes the cache holds on the device, free slots included (they stay until compacted)."""
         per_slot = 2 * self.n_layers * self.heads * self.head_dim * np.dtype(self.dtype).itemsize
         return self.batch * (self.past_len + self.src_mask.shape[1]) * per_slot
 

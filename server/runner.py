@@ -69,7 +69,7 @@ class Runner:
 
     @property
     def nbytes(self) -> int:
-        return self.cache.nbytes
+        return self.cache.nbytes(self.slots.n_live)
 
     def encode(self, requests: list[Request]) -> float:
         """One encoder call for these sources: each request keeps its own cross K/V [(H, S, Dh) per layer and kind]
@@ -117,6 +117,9 @@ class Runner:
         if freed:
             self.cache.release(freed)
             self._left = True
+        if freed and not self.slots.n_live:  # nothing runs a next step soon: release the memory now
+            self.cache.after_leave(self.slots)
+            self._left = False
 
     def step(self) -> np.ndarray:
         """One decoder step for every stepped row: logits (hi, V) float32 for slots [0, hi); a free slot's are noise."""

@@ -22,17 +22,25 @@ from seqserve.v1 import seqserve_pb2 as pb
 POISON = "b 5 9 k"
 
 
+def poison_decoder(runner: Runner, poison: list[int], when=lambda: True) -> None:
+    """Wraps the runner's KV cache so that a decoder step (or a probe) raises whenever a row holding the poisoned
+    source takes part, as onnxruntime raised for one over-long row."""
+    run = runner.cache.run
+
+    def failing(decoder, slots, rows=None):
+        picked = range(slots.hi) if rows is None else rows
+        if when() and any(slots.requests[i] is not None and slots.requests[i].input_ids == poison for i in picked):
+            raise RuntimeError("[ONNXRuntimeError] : 1 : FAIL : Non-zero status code returned while running GatherND")
+        return run(decoder, slots, rows)
+
+    runner.cache.run = failing
+
+
 class Poisoned(Runner):
     """Raises inside the decoder step (or the encoder) whenever a request with the poisoned source takes part."""
 
     poison: list[int] = []
     where = "decoder"
-
-    def _run(self, rows, advance):
-        if self.where == "decoder" and any(self.slots.requests[i] is not None and
-                                           self.slots.requests[i].input_ids == self.poison for i in rows):
-            raise RuntimeError("[ONNXRuntimeError] : 1 : FAIL : Non-zero status code returned while running GatherND")
-        return super()._run(rows, advance)
 
     def run_encoder(self, sources):
         if self.where == "encoder" and self.poison in sources:
@@ -46,6 +54,7 @@ def setup(tiny_bundle):
     sources = [tok.encode(s).ids for s, _ in heldout_pairs(tiny_bundle, 12)]
     runner = Poisoned(tiny_bundle, RuntimeConfig(device="cpu", intra_op_threads=1), capacity=16)
     runner.poison = tok.encode(POISON).ids
+    poison_decoder(runner, runner.poison, when=lambda: runner.where == "decoder")
     engine = Engine(runner, tok, Scheduler(SchedulerConfig(max_batch_size=16, encode_batch=16,
                                                            cross_bytes_per_token=runner.cross_bytes_per_token)))
     alone = [engine.generate([Request(s, SamplingParams(max_new_tokens=24))])[0].output_ids for s in sources]
@@ -70,22 +79,14 @@ def test_only_the_poisoned_request_fails_and_its_batch_mates_are_untouched(setup
 
 def test_the_client_gets_internal_without_internals_and_the_error_is_counted(served):
     runner = served.app.runner
-    poison = served.app.service.tokenizer.encode(POISON).ids
-    original = runner._run
-
-    def failing(rows, advance):
-        if any(runner.slots.requests[i] is not None and runner.slots.requests[i].input_ids == poison for i in rows):
-            raise RuntimeError("[ONNXRuntimeError] : 1 : FAIL : GatherND index out of bounds")
-        return original(rows, advance)
-
-    runner._run = failing
+    poison_decoder(runner, served.app.service.tokenizer.encode(POISON).ids)
     try:
         ok = served.stub.Generate.future(pb.GenerateRequest(input="a b c", options=pb.DecodingOptions()), timeout=30)
         with pytest.raises(grpc.RpcError) as err:
             served.stub.Generate(pb.GenerateRequest(input=POISON), timeout=30)
         assert ok.result().text is not None
     finally:
-        del runner._run
+        del runner.cache.run  # the instance attribute goes: the class's method is back
     assert err.value.code() == grpc.StatusCode.INTERNAL
     assert "GatherND" not in err.value.details() and "ONNXRuntime" not in err.value.details()
     assert served.metric("seqserve_finished_requests_total", reason="error") >= 1

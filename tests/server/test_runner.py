@@ -73,10 +73,10 @@ def test_rows_joining_and_leaving_equal_each_row_alone(tiny_bundle):
 
 def test_trim_drops_leading_columns_once_half_of_the_past_is_unused():
     from seqserve.server.device import Device
-    from seqserve.server.kv_cache import KVCache
+    from seqserve.server.kv_cache import ConcatCache
 
     device = Device(RuntimeConfig(device="cpu"))
-    cache = KVCache(device, n_layers=1, heads=1, head_dim=2)
+    cache = ConcatCache(device, n_layers=1, heads=1, head_dim=2)
 
     def steps(n: int) -> None:
         for _ in range(n):
