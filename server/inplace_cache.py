@@ -87,14 +87,14 @@ class InPlaceCache:
         which changes nothing). Returns logits (B, V) float32."""
         whole = rows is None
         n = slots.hi if whole else len(rows)
-        pick = slice(0, n) if whole else rows
+        pick = np.arange(n) if whole else rows
         lens = slots.length[pick].astype(np.int32)  # (B,) each row's cached tokens = its position
         binding = decoder.io_binding()
         binding.bind_output(names.LOGITS, "cpu")
         binding.bind_cpu_input(names.DECODER_INPUT_IDS, slots.ids[pick, slots.length[pick]].reshape(-1, 1))
         binding.bind_cpu_input(names.PAST_SEQ_LENS, lens)
         binding.bind_cpu_input(names.TOTAL_SEQ_LEN, np.array(int(lens.max()) + 1, np.int32))
-        binding.bind_cpu_input(names.ENCODER_ATTENTION_MASK, np.ascontiguousarray(self.src_mask[pick]))
+        binding.bind_cpu_input(names.ENCODER_ATTENTION_MASK, self.src_mask[:n] if whole else self.src_mask[rows])
         for past, present, buf, value in zip(self._past, self._present, self.self_kv, self._values):
             if whole:  # the first n rows of the buffer, by pointer: the graph writes their new column in place
                 shape = (n, *buf.shape[1:])
