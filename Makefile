@@ -9,7 +9,15 @@ BUNDLE ?= $(ARTIFACTS)/bundle
 GRPC_PORT ?= 50051
 METRICS_PORT ?= 9090
 PYTEST_ARGS ?=
+# Intra-op threads of torch and onnxruntime for train, verify, serve and test. Unset: train, verify and serve use
+# one per core, tests use 1. On a machine busy with other work, THREADS=1 keeps them from oversubscribing the cores.
+THREADS ?=
+THREADS_FLAG := $(if $(THREADS),--threads $(THREADS))
+# torch's pool size where a command has no flag for it (export; verify's PyTorch half)
+THREADS_ENV := $(if $(THREADS),OMP_NUM_THREADS=$(THREADS))
 
+# A recipe that fails deletes the target it was making, so a half-written file never counts as done.
+.DELETE_ON_ERROR:
 .PHONY: venv test serve train export verify protos clean
 
 # The venv is rebuilt whenever pyproject.toml changes.
@@ -22,22 +30,27 @@ $(VENV)/.installed: pyproject.toml
 venv: $(VENV)/.installed
 
 test: venv
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(if $(THREADS),SEQSERVE_TEST_THREADS=$(THREADS)) $(PY) -m pytest $(PYTEST_ARGS)
 
-$(CHECKPOINT)/model.safetensors: | venv
-	$(SEQSERVE) train --preset default --out $(CHECKPOINT)
+# metrics.json is the last file training writes (model.safetensors just before it, both atomically): a run that
+# crashes or is killed leaves no target, and the next `make` trains again.
+$(CHECKPOINT)/metrics.json: | venv
+	$(THREADS_ENV) $(SEQSERVE) train --preset default --out $(CHECKPOINT) $(THREADS_FLAG)
 
-$(BUNDLE)/manifest.json: $(CHECKPOINT)/model.safetensors
-	$(SEQSERVE) export $(CHECKPOINT) --out $(BUNDLE) --int8 --fp16
-	$(SEQSERVE) verify $(BUNDLE) --checkpoint $(CHECKPOINT)
+$(BUNDLE)/manifest.json: $(CHECKPOINT)/metrics.json
+	$(THREADS_ENV) $(SEQSERVE) export $(CHECKPOINT) --out $(BUNDLE) --int8 --fp16
 
-train: $(CHECKPOINT)/model.safetensors
+# verify writes verified.json only when every check passed (and removes it otherwise): nothing unverified is served.
+$(BUNDLE)/verified.json: $(BUNDLE)/manifest.json
+	$(THREADS_ENV) $(SEQSERVE) verify $(BUNDLE) --checkpoint $(CHECKPOINT) $(THREADS_FLAG)
+
+train: $(CHECKPOINT)/metrics.json
 export: $(BUNDLE)/manifest.json
-verify: venv
-	$(SEQSERVE) verify $(BUNDLE) --checkpoint $(CHECKPOINT)
+verify: $(BUNDLE)/verified.json
 
-serve: venv $(BUNDLE)/manifest.json
-	$(SEQSERVE) serve --bundle $(BUNDLE) --port $(GRPC_PORT) --metrics-port $(METRICS_PORT)
+serve: venv $(BUNDLE)/verified.json
+	$(SEQSERVE) serve --bundle $(BUNDLE) --port $(GRPC_PORT) --metrics-port $(METRICS_PORT) \
+		$(if $(THREADS),--intra-op-threads $(THREADS))
 
 # Regenerates the committed gRPC stubs from protos/ (tests/server/test_stubs.py fails when they are stale).
 protos: venv

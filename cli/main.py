@@ -6,21 +6,25 @@ import sys
 from pathlib import Path
 
 from seqserve.contract.devices import DEVICES
+from seqserve.model.presets import SELECT_BY
 
 
 def _train(args: argparse.Namespace) -> int:
     from seqserve.model.presets import preset
-    from seqserve.model.train import train
+    from seqserve.model.train import MAX_MINUTES, train
 
-    overrides = {k: v for k, v in {"max_steps": args.max_steps, "seed": args.seed, "threads": args.threads}.items()
-                 if v is not None}
+    chosen = {"max_steps": args.max_steps, "seed": args.seed, "threads": args.threads, "select_by": args.select_by,
+              "max_minutes": args.max_minutes}
+    overrides = {k: v for k, v in chosen.items() if v is not None}
     if args.data:
         overrides.update(task="tsv", data=args.data)
     metrics = train(preset(args.preset, **overrides), args.out, resume=args.resume, quiet=args.quiet)
     if metrics:
         test = metrics["test"]
-        print(f"test exact match {test['exact_match']:.2%} (chrF {test['chrf']:.1f}, n={test['n']}) "
-              f"after {metrics['steps']} steps in {metrics['train_seconds']:.0f}s -> {args.out}")
+        stopped = " (--max-minutes)" if metrics["stopped_by"] == MAX_MINUTES else ""
+        print(f"test exact match {test['exact_match']:.2%}, chrF {test['chrf']:.1f}, BLEU {test['bleu']:.1f} "
+              f"(n={test['n']}) with step {metrics['best_step']}'s weights (best validation {metrics['select_by']}), "
+              f"after {metrics['steps']} steps{stopped} in {metrics['train_seconds']:.0f}s -> {args.out}")
     return 0
 
 
@@ -94,8 +98,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true", help="continue from the checkpoint's last step")
     p.add_argument("--max-steps", type=int)
     p.add_argument("--seed", type=int)
-    p.add_argument("--threads", type=int, help="torch intra-op threads")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--threads", type=int, help="torch intra-op threads (default: one per core)")
+    p.add_argument("--select-by", choices=SELECT_BY,
+                   help="what picks the kept checkpoint among the evaluations: validation loss (the preset's "
+                        "default), chrF or exact match (ties broken by the lower loss)")
+    p.add_argument("--max-minutes", type=float,
+                   help="wall-clock budget of the training loop: stop, evaluate, and keep the best checkpoint so far")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=_train)
     _add_serving_commands(sub)
     _add_export_commands(sub)

@@ -1,7 +1,13 @@
-"""Checkpoints: safetensors weights + config.json + tokenizer.json + metrics.json (never pickles)."""
+"""Checkpoints: safetensors weights + config.json + tokenizer.json + metrics.json (never pickles).
+
+A finished checkpoint is one with metrics.json: `seqserve train` writes model.safetensors and then metrics.json
+only at the very end, each atomically (a temporary name, then os.replace), so a crashed or killed run never
+leaves files that look finished (the Makefile's target is metrics.json).
+"""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import torch
@@ -12,14 +18,37 @@ from seqserve.contract.tokenizer import load_tokenizer
 from seqserve.model.config import ModelConfig
 from seqserve.model.transformer import Transformer
 
-WEIGHTS = "model.safetensors"
+WEIGHTS = "model.safetensors"  # the selected (best) weights, written when training ends
 CONFIG = "config.json"
 TOKENIZER = "tokenizer.json"
-METRICS = "metrics.json"
+METRICS = "metrics.json"  # written last: its presence means the checkpoint is finished
 TRAIN_CONFIG = "train_config.json"
-LAST_WEIGHTS = "last.safetensors"  # the latest step, for --resume (model.safetensors is the best)
+BEST_WEIGHTS = "best.safetensors"  # the best weights so far, while training runs (renamed to WEIGHTS at the end)
+LAST_WEIGHTS = "last.safetensors"  # the latest step, for --resume
 OPTIMIZER = "optimizer.safetensors"
 STATE = "state.json"
+_TMP_SUFFIX = ".tmp"
+
+
+def temporary(path: Path) -> Path:
+    """Where `path` is written before os.replace moves it into place (same directory, so the rename is atomic)."""
+    return path.with_name(path.name + _TMP_SUFFIX)
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    tmp = temporary(path)
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def write_json_atomic(path: Path, data: dict) -> None:
+    write_text_atomic(path, json.dumps(data, indent=2) + "\n")
+
+
+def save_tensors_atomic(tensors: dict[str, torch.Tensor], path: Path) -> None:
+    tmp = temporary(path)
+    save_file(tensors, str(tmp))
+    os.replace(tmp, path)
 
 
 def state_dict_for_save(model: Transformer) -> dict[str, torch.Tensor]:
@@ -32,7 +61,7 @@ def state_dict_for_save(model: Transformer) -> dict[str, torch.Tensor]:
 
 
 def save_weights(model: Transformer, path: Path) -> None:
-    save_file(state_dict_for_save(model), str(path))
+    save_tensors_atomic(state_dict_for_save(model), Path(path))
 
 
 def load_weights(model: Transformer, path: Path) -> None:
@@ -42,15 +71,22 @@ def load_weights(model: Transformer, path: Path) -> None:
         raise ValueError(f"{path}: missing {sorted(set(missing) - tied)}, unexpected {sorted(unexpected)}")
 
 
+def load_model(directory: str | Path, weights: str = WEIGHTS) -> Transformer:
+    """A checkpoint directory's model (config.json + the named weights file), in eval mode."""
+    directory = Path(directory)
+    model = Transformer(ModelConfig.load(directory / CONFIG))
+    load_weights(model, directory / weights)
+    return model.eval()
+
+
 def load_checkpoint(directory: str | Path) -> tuple[Transformer, Tokenizer]:
-    """The best model of a checkpoint directory, in eval mode, with its tokenizer."""
+    """The best model of a finished checkpoint directory, in eval mode, with its tokenizer."""
     directory = Path(directory)
     for name in (WEIGHTS, CONFIG, TOKENIZER):
         if not (directory / name).is_file():
-            raise FileNotFoundError(f"checkpoint {directory} has no {name}")
-    model = Transformer(ModelConfig.load(directory / CONFIG))
-    load_weights(model, directory / WEIGHTS)
-    return model.eval(), load_tokenizer(directory / TOKENIZER)
+            unfinished = " (training has not finished: no metrics.json)" if not (directory / METRICS).is_file() else ""
+            raise FileNotFoundError(f"checkpoint {directory} has no {name}{unfinished}")
+    return load_model(directory), load_tokenizer(directory / TOKENIZER)
 
 
 def read_metrics(directory: str | Path) -> dict:

@@ -1,7 +1,11 @@
-"""Shared fixtures: the tiny model is trained once per test session and exported once.
+"""Shared fixtures: the tiny model is trained once per test session and exported once (tests/fixture_builds.py).
 
+The builds the selected tests need run right after collection, before the first test, each with its own budget
+(SEQSERVE_TEST_BUILD_TIMEOUT, default 1800 s) instead of pytest-timeout's per-test limit; a failure names the fixture.
 SEQSERVE_TEST_ARTIFACTS=DIR keeps them in DIR/tiny and DIR/tiny-bundle across sessions (made on first use), so a
 GPU machine can run tests/server on artifacts made here (SEQSERVE_TEST_DEVICE=cuda, see tests/grpc_harness.py).
+SEQSERVE_TEST_THREADS=N (`make test THREADS=N`) sets torch's and onnxruntime's intra-op threads in the tests
+(unset: 1; 0: one per core).
 """
 from __future__ import annotations
 
@@ -9,36 +13,44 @@ import os
 from pathlib import Path
 
 import pytest
+from fixture_builds import ARTIFACTS, BUILDS, THREADS, SharedArtifacts, fixture_directory
 
-KEEP = os.environ.get("SEQSERVE_TEST_ARTIFACTS")
+if THREADS:
+    # Before any test module imports torch: torch sizes its intra-op pool from these on first use.
+    os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(THREADS)
 
 
-def _directory(tmp_path_factory, name: str, written_last: str) -> tuple[Path, bool]:
-    """(where the artifact lives, whether it must still be made: its last-written file is missing)."""
-    if KEEP:
-        path = Path(KEEP) / name
-        return path, not (path / written_last).is_file()
-    return tmp_path_factory.mktemp(name), True
+def pytest_configure(config: pytest.Config) -> None:
+    config.stash[ARTIFACTS] = SharedArtifacts()
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Builds the shared fixtures the selected tests need, before any test (and its per-test timeout) starts."""
+    if session.config.option.collectonly:
+        return
+    requested = {name for item in session.items for name in getattr(item, "fixturenames", ())}
+    artifacts = session.config.stash[ARTIFACTS]
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    report = reporter.write_line if reporter is not None else print
+    for name in artifacts.needed(requested & set(BUILDS)):
+        try:
+            artifacts.get(name, report)
+        except Exception as exc:  # recorded: each test that needs it errors with this message
+            report(str(exc))
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if ARTIFACTS in config.stash:
+        config.stash[ARTIFACTS].cleanup()
 
 
 @pytest.fixture(scope="session")
-def tiny_checkpoint(tmp_path_factory) -> Path:
-    """The `tiny` preset trained on its copy task (about 25 s on 2 cores)."""
-    out, make = _directory(tmp_path_factory, "tiny", "metrics.json")
-    if make:
-        from seqserve.model.presets import preset
-        from seqserve.model.train import train
-
-        train(preset("tiny"), out, quiet=True)
-    return out
+def tiny_checkpoint(request) -> Path:
+    """The `tiny` preset trained on its copy task (about 1 min on 2 quiet cores)."""
+    return fixture_directory(request.config, "tiny_checkpoint")
 
 
 @pytest.fixture(scope="session")
-def tiny_bundle(tiny_checkpoint, tmp_path_factory) -> Path:
+def tiny_bundle(request) -> Path:
     """The tiny checkpoint exported to an fp32 bundle."""
-    out, make = _directory(tmp_path_factory, "tiny-bundle", "manifest.json")
-    if make:
-        from seqserve.export.bundle import export_fp32
-
-        export_fp32(tiny_checkpoint, out)
-    return out
+    return fixture_directory(request.config, "tiny_bundle")

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import grpc
+from fixture_builds import THREADS
 
 from seqserve.server import settings as st
 from seqserve.server.app import App
@@ -24,7 +25,7 @@ class Served:
 
     def __init__(self, bundle: Path, app_class=App, **overrides) -> None:
         values = dict(bundle=bundle, bind="127.0.0.1", port=0, metrics_port=0, device=DEVICE,
-                      log_level="WARNING") | overrides
+                      intra_op_threads=THREADS, log_level="WARNING") | overrides  # SEQSERVE_TEST_THREADS
         self.app = app_class(st.Settings(**values))
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="test-server", daemon=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from fixture_builds import fixture_directory
 
 SMALL = dict(vocab_size=50, d_model=32, n_heads=4, n_encoder_layers=2, n_decoder_layers=2, d_ff=64, dropout=0.0,
              max_positions=32)
@@ -43,10 +44,7 @@ def small_sessions(small_graphs):
 
 
 @pytest.fixture(scope="session")
-def full_bundle(tiny_checkpoint, tmp_path_factory) -> Path:
-    """`seqserve export CKPT --out BUNDLE --int8 --fp16` of the trained tiny model (quality: its 200 held-out lines)."""
-    from seqserve.cli.main import main
-
-    out = tmp_path_factory.mktemp("full_bundle")
-    assert main(["export", str(tiny_checkpoint), "--out", str(out), "--int8", "--fp16", "--quiet"]) == 0
-    return out
+def full_bundle(request) -> Path:
+    """`seqserve export CKPT --out BUNDLE --int8 --fp16` of the trained tiny model (quality: its 200 held-out lines);
+    built once per session like tiny_checkpoint (tests/fixture_builds.py)."""
+    return fixture_directory(request.config, "full_bundle")

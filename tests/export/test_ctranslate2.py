@@ -32,11 +32,39 @@ def tiny_ct2(tiny_checkpoint, tmp_path_factory):
 @pytest.mark.parametrize("max_new_tokens", [64, 6])  # 6: most rows are cut by the length limit
 def test_tiny_model_greedy_is_identical_to_pytorch(tiny_checkpoint, tiny_ct2, max_new_tokens):
     model, tok = load_checkpoint(tiny_checkpoint)
-    sources = _heldout_sources(tiny_checkpoint, tok) + [tok.encode("").ids]  # "" -> [</s>]: </s> comes first
+    # Held-out sources only: a source of only </s> is where CTranslate2 differs by design (the test below).
+    sources = _heldout_sources(tiny_checkpoint, tok)
     reference = greedy_decode(model, sources, max_new_tokens)
     got = greedy(load_translator(tiny_ct2, "fp32", threads=1), tok, sources, max_new_tokens, batch_size=8)
     assert sum(map(len, reference)) > len(reference)  # the model really generates
     assert got == reference
+
+
+def test_a_source_of_only_eos_is_not_decoded_by_ctranslate2(tiny_checkpoint, tmp_path):
+    """The documented difference: "" encodes to [</s>], and CTranslate2 returns an empty output for that source
+    without running the model, while PyTorch (and the engine) decode it. Shown on a model that never emits </s>, so
+    the difference cannot depend on what a training run learned."""
+    _, tok = load_checkpoint(tiny_checkpoint)  # only its tokenizer
+    cfg = ModelConfig(vocab_size=tok.get_vocab_size(), d_model=32, n_heads=4, n_encoder_layers=1,
+                      n_decoder_layers=1, d_ff=48, dropout=0.0, max_positions=40, norm_first=True,
+                      tie_embeddings=False)
+    torch.manual_seed(0)
+    model = Transformer(cfg).eval()
+    word = tok.token_to_id("a")
+    with torch.no_grad():  # the final LayerNorm outputs a constant vector, and only `word` scores on it
+        model.dec_norm.weight.zero_()
+        model.dec_norm.bias.fill_(1.0)
+        model.out_proj.weight.zero_()
+        model.out_proj.weight[word].fill_(1.0)
+    save_weights(model, tmp_path / WEIGHTS)
+    cfg.save(tmp_path / CONFIG)
+    shutil.copyfile(tiny_checkpoint / TOKENIZER, tmp_path / TOKENIZER)
+    eos_only = tok.encode("").ids
+    assert eos_only == [cfg.eos_id]
+    sources = [eos_only, tok.encode("a b").ids]
+    assert greedy_decode(model, sources, 6) == [[word] * 6, [word] * 6]
+    translator = load_translator(convert(tmp_path, tmp_path / "ct2"), "fp32", threads=1)
+    assert greedy(translator, tok, sources, 6, batch_size=8) == [[], [word] * 6]
 
 
 def test_batch_size_does_not_change_outputs(tiny_checkpoint, tiny_ct2):

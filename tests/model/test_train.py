@@ -1,10 +1,13 @@
-"""Training: the tiny preset learns its task, checkpoints are safetensors, resume and DDP work."""
+"""Training: the tiny preset learns its task, checkpoints are safetensors, the kept checkpoint is the selected
+evaluation, --max-minutes stops cleanly, a killed run never looks finished, resume and DDP work."""
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -16,9 +19,10 @@ from seqserve.model import checkpoint as ck
 from seqserve.model.corpus import copy_task_splits
 from seqserve.model.data import bucket_batches, collate, tokenize_pairs
 from seqserve.model.decoding import greedy_decode
+from seqserve.model.evaluate import validation_loss
 from seqserve.model.presets import preset
 from seqserve.model.tokenizer import train_tokenizer
-from seqserve.model.train import lr_at, train
+from seqserve.model.train import MAX_MINUTES, load_splits, lr_at, selection_key, train
 
 SEQSERVE = str(Path(sys.executable).parent / "seqserve")
 
@@ -34,6 +38,8 @@ def test_tiny_preset_learns_the_copy_task(tiny_checkpoint):
     outs = greedy_decode(model, [tok.encode(s).ids for s, _ in pairs], metrics["max_new_tokens"])
     exact = sum(tok.decode(o, skip_special_tokens=True) == t for o, (_, t) in zip(outs, pairs)) / len(pairs)
     assert exact >= 0.9
+    assert set(metrics["test"]) == {"exact_match", "chrf", "bleu", "n"}  # BLEU next to chrF
+    assert metrics["select_by"] == "loss" and metrics["stopped_by"] == "max_steps"
 
 
 def test_checkpoint_files_are_safetensors_json_and_a_curve(tiny_checkpoint):
@@ -41,6 +47,95 @@ def test_checkpoint_files_are_safetensors_json_and_a_curve(tiny_checkpoint):
     assert {ck.WEIGHTS, ck.CONFIG, ck.TOKENIZER, ck.METRICS, ck.TRAIN_CONFIG, "curve.png"} <= names
     assert not [n for n in names if n.endswith((".pt", ".pth", ".pkl", ".bin"))]
     assert (tiny_checkpoint / "curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_selection_prefers_the_chosen_figure_then_the_lower_loss():
+    a = {"loss": 1.0, "chrf": 50.0, "exact_match": 0.2}
+    b = {"loss": 0.9, "chrf": 50.0, "exact_match": 0.1}
+    c = {"loss": 1.2, "chrf": 60.0, "exact_match": 0.1}
+
+    def best(select_by: str) -> dict:
+        return max([a, b, c], key=lambda scores: selection_key(scores, select_by))
+
+    assert best("loss") is b and best("chrf") is c and best("exact_match") is a
+    assert selection_key(b, "chrf") > selection_key(a, "chrf")  # a chrF tie goes to the lower loss
+    with pytest.raises(ValueError, match="select_by"):
+        preset("tiny", select_by="bleu")
+
+
+def test_the_kept_weights_are_the_selected_evaluation(tmp_path):
+    cfg = preset("tiny", n_train=400, n_valid=40, n_test=20, max_steps=40, eval_every=10, eval_samples=20,
+                 select_by="chrf")
+    metrics = train(cfg, tmp_path, quiet=True)
+    evals = metrics["evals"]
+    assert [e["step"] for e in evals] == [10, 20, 30, 40]
+    assert all({"loss", "exact_match", "chrf", "bleu"} <= set(e) for e in evals)
+    chosen = max(evals, key=lambda e: selection_key(e, "chrf"))
+    assert metrics["select_by"] == "chrf" and metrics["best_step"] == chosen["step"]
+    assert metrics["best_valid"] == {k: chosen[k] for k in ("loss", "exact_match", "chrf", "bleu", "n")}
+    assert metrics["best_valid_exact_match"] == chosen["exact_match"]  # still reported
+    # model.safetensors holds that evaluation's weights: it scores the validation loss recorded at that step.
+    model, tok = ck.load_checkpoint(tmp_path)
+    valid = tokenize_pairs(tok, load_splits(cfg)["valid"][: cfg.eval_loss_samples], model.cfg.max_positions)
+    assert validation_loss(model, valid) == pytest.approx(chosen["loss"], rel=1e-5)
+    assert not (tmp_path / ck.BEST_WEIGHTS).exists()  # renamed to model.safetensors at the end
+
+
+def test_max_minutes_ends_cleanly_at_the_best_checkpoint_so_far(tmp_path, capsys):
+    # A budget that the first step already overruns: the run stops there, evaluates that step and finishes.
+    out = tmp_path / "ckpt"
+    assert cli(["train", "--preset", "tiny", "--max-minutes", "1e-9", "--select-by", "exact_match",
+                "--out", str(out), "--quiet"]) == 0
+    metrics = json.loads((out / ck.METRICS).read_text())
+    assert metrics["stopped_by"] == MAX_MINUTES and metrics["steps"] == 1
+    assert metrics["select_by"] == "exact_match" and metrics["best_step"] == 1
+    assert [e["step"] for e in metrics["evals"]] == [1]
+    assert (out / ck.WEIGHTS).is_file()
+    assert "--max-minutes" in capsys.readouterr().out
+    # The stopped run can be resumed: it goes on from step 1.
+    metrics = train(preset("tiny", max_steps=3), out, resume=True, quiet=True)
+    assert metrics["steps"] == 3 and metrics["stopped_by"] == "max_steps"
+    assert [h["step"] for h in json.loads((out / ck.STATE).read_text())["history"]] == [1, 2, 3]
+
+
+_TRAIN_FOREVER = """import sys
+from seqserve.model.presets import preset
+from seqserve.model.train import train
+train(preset("tiny", n_train=400, n_valid=20, n_test=20, max_steps=10**6, eval_every=5, eval_samples=20,
+             threads=1), sys.argv[1], quiet=True)
+"""
+
+
+def test_a_killed_run_never_looks_finished_and_resume_finishes_it(tmp_path):
+    out = tmp_path / "ckpt"
+    small = dict(n_train=400, n_valid=20, n_test=20, eval_every=5, eval_samples=20, threads=1)
+    train(preset("tiny", max_steps=5, **small), out, quiet=True)
+    assert (out / ck.METRICS).is_file() and (out / ck.WEIGHTS).is_file()
+    # Training again into the finished checkpoint, killed (SIGKILL: no clean-up) after its first evaluation.
+    run = subprocess.Popen([sys.executable, "-c", _TRAIN_FOREVER, str(out)])
+    try:
+        deadline = time.monotonic() + 300
+        while not ((out / ck.STATE).is_file() and (out / ck.BEST_WEIGHTS).is_file()):
+            assert run.poll() is None and time.monotonic() < deadline, "the run never saved an evaluation"
+            time.sleep(0.05)
+    finally:
+        run.send_signal(signal.SIGKILL)
+        run.wait()
+    # What make and load_checkpoint look for is gone: the old weights no longer match the new tokenizer.
+    assert not (out / ck.METRICS).exists() and not (out / ck.WEIGHTS).exists()
+    with pytest.raises(FileNotFoundError, match="training has not finished"):
+        ck.load_checkpoint(out)
+    step = json.loads((out / ck.STATE).read_text())["step"]
+    metrics = train(preset("tiny", max_steps=step + 5, **small), out, resume=True, quiet=True)
+    assert metrics["steps"] == step + 5
+    assert (out / ck.METRICS).is_file() and (out / ck.WEIGHTS).is_file() and not (out / ck.BEST_WEIGHTS).exists()
+    ck.load_checkpoint(out)
+
+
+def test_the_final_test_evaluation_shows_progress(tmp_path, capsys):
+    train(preset("tiny", n_train=200, n_valid=10, n_test=30, max_steps=2, eval_samples=10), tmp_path)
+    err = capsys.readouterr().err
+    assert "test: 100%" in err and "30/30" in err
 
 
 def test_lr_schedule_warms_up_then_decays():
