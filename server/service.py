@@ -31,6 +31,7 @@ Code = grpc.StatusCode
 _FINISH = {FinishReason.EOS: pb.FINISH_REASON_EOS, FinishReason.LENGTH: pb.FINISH_REASON_LENGTH,
            FinishReason.STOP: pb.FINISH_REASON_STOP, FinishReason.CANCELLED: pb.FINISH_REASON_CANCELLED,
            FinishReason.DEADLINE: pb.FINISH_REASON_DEADLINE}
+_ABORTS = (FinishReason.DEADLINE, FinishReason.CANCELLED, FinishReason.ERROR)  # ends the call with a non-OK status
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Generation"].full_name  # seqserve.v1.Generation
 _CHARS_PER_TOKEN_SLACK = 4  # NFC may compose up to 3 characters into one, so this bound never rejects a valid input
 
@@ -220,7 +221,8 @@ class GenerationService(pb_grpc.GenerationServicer):
                 if end.finish_reason is None and end.error is None:
                     yield piece
                     continue
-                if piece.text or piece.token_ids:  # what was produced before an abort still reaches the client
+                aborted = end.error is not None or end.finish_reason in _ABORTS
+                if aborted and (piece.text or piece.token_ids):  # what came before an abort still reaches the client
                     yield piece
                     piece = pb.GenerateStreamResponse()
                 _raise_for_end(row, end)
