@@ -50,8 +50,10 @@ class Manifest:
     model: dict  # ModelConfig.to_dict()
     special_tokens: dict  # pad_id, bos_id, eos_id, unk_id
     tokenizer: dict  # file entry
-    io: dict  # {"encoder": {"inputs": [...], "outputs": [...]}, "decoder": {...}}
-    variants: dict  # name -> {"encoder": file entry, "decoder": file entry, "quality": {...}}
+    io: dict  # {"encoder": {"inputs": [...], "outputs": [...]}, "decoder": {...}, "decoder_inplace": {...}}
+    # name -> {"encoder": file entry, "decoder": file entry, "decoder_inplace": file entry (optional), "quality": {...}};
+    # decoder entries say their KV cache: "kv_cache": "concat" | "inplace" (in place: also "max_len", "contrib_ops")
+    variants: dict
     opset: int
     ir_version: int
     max_new_tokens: int  # the longest generation the model was validated for
@@ -77,7 +79,9 @@ class Manifest:
 
 def expected_io(n_layers: int) -> dict:
     return {"encoder": {"inputs": names.encoder_inputs(), "outputs": names.encoder_outputs(n_layers)},
-            "decoder": {"inputs": names.decoder_inputs(n_layers), "outputs": names.decoder_outputs(n_layers)}}
+            "decoder": {"inputs": names.decoder_inputs(n_layers), "outputs": names.decoder_outputs(n_layers)},
+            names.DECODER_INPLACE: {"inputs": names.decoder_inplace_inputs(n_layers),
+                                    "outputs": names.decoder_inplace_outputs(n_layers)}}
 
 
 def load_manifest(directory: str | Path, check_files: bool = True) -> Manifest:
@@ -95,7 +99,9 @@ def load_manifest(directory: str | Path, check_files: bool = True) -> Manifest:
         raise BundleError(f"{path}: not valid JSON: {exc}") from exc
     _check_schema(path, data)
     manifest = Manifest(**data)
-    if manifest.io != expected_io(manifest.n_layers):
+    # encoder and decoder always; an optional graph (decoder_inplace) only in bundles that have it
+    expected = {g: io for g, io in expected_io(manifest.n_layers).items() if g in names.GRAPHS or g in manifest.io}
+    if manifest.io != expected:
         raise BundleError(f"{path}: graph input/output names differ from this seqserve's contract (export/names.py)")
     if "fp32" not in manifest.variants:
         raise BundleError(f"{path}: no fp32 variant")
@@ -146,7 +152,7 @@ def check_digest(directory: Path, manifest_bytes: bytes) -> None:
 def listed_files(manifest: Manifest) -> list[dict]:
     entries = [manifest.tokenizer] + ([manifest.heldout] if manifest.heldout else [])
     for variant in manifest.variants.values():
-        entries += [variant["encoder"], variant["decoder"]]
+        entries += [variant[graph] for graph in names.ALL_GRAPHS if graph in variant]
     return entries
 
 

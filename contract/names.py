@@ -18,6 +18,9 @@ ENCODER, DECODER, DECODER_INPLACE = "encoder", "decoder", "decoder_inplace"
 GRAPHS = (ENCODER, DECODER)  # every bundle has these; decoder is the plain-ONNX step (concatenated K/V cache)
 OPTIONAL_GRAPHS = (DECODER_INPLACE,)  # in-place K/V cache with com.microsoft contrib ops (a bundle may lack it)
 ALL_GRAPHS = GRAPHS + OPTIONAL_GRAPHS
+# A decoder entry's manifest "kv_cache": concat = present is past plus a column (a new tensor every step);
+# inplace = present is bound to past's own buffer, which the step writes one column of.
+KV_CONCAT, KV_INPLACE = "concat", "inplace"
 
 
 def graph_files(variant: str) -> dict[str, str]:

@@ -19,9 +19,10 @@ from tqdm import tqdm
 
 from seqserve.contract import manifest as mf
 from seqserve.contract import names
-from seqserve.contract.names import DECODER_FILE, ENCODER_FILE
+from seqserve.contract.names import DECODER_FILE, DECODER_INPLACE_FILE, ENCODER_FILE
 from seqserve.contract.tsv import HELDOUT
 from seqserve.export import variants as vr
+from seqserve.export.inplace_decoder import export_inplace_decoder, manifest_fields
 from seqserve.export.onnx_export import OPSET, export_decoder, export_encoder
 from seqserve.model import checkpoint as ck
 
@@ -51,8 +52,9 @@ def export_fp32(checkpoint: str | Path, out: str | Path, bar: tqdm | None = None
     export_encoder(model, out / ENCODER_FILE)
     _tick(bar, "decoder.onnx")
     export_decoder(model, out / DECODER_FILE)
+    export_inplace_decoder(model, out / DECODER_INPLACE_FILE)
     _tick(bar, "")
-    ir_version = max(check_graph(out / ENCODER_FILE), check_graph(out / DECODER_FILE))
+    ir_version = max(check_graph(out / f) for f in (ENCODER_FILE, DECODER_FILE, DECODER_INPLACE_FILE))
     shutil.copyfile(checkpoint / ck.TOKENIZER, out / mf.TOKENIZER)
     heldout = None
     if (checkpoint / HELDOUT).is_file():
@@ -65,7 +67,9 @@ def export_fp32(checkpoint: str | Path, out: str | Path, bar: tqdm | None = None
         special_tokens={"pad_id": cfg.pad_id, "bos_id": cfg.bos_id, "eos_id": cfg.eos_id, "unk_id": cfg.unk_id},
         tokenizer=mf.file_entry(out, mf.TOKENIZER),
         io=mf.expected_io(cfg.n_decoder_layers),
-        variants={"fp32": {"encoder": mf.file_entry(out, ENCODER_FILE), "decoder": mf.file_entry(out, DECODER_FILE),
+        variants={"fp32": {"encoder": mf.file_entry(out, ENCODER_FILE),
+                           "decoder": mf.file_entry(out, DECODER_FILE) | {"kv_cache": names.KV_CONCAT},
+                           names.DECODER_INPLACE: mf.file_entry(out, DECODER_INPLACE_FILE) | manifest_fields(model),
                            "quality": {}}},
         opset=OPSET,
         ir_version=ir_version,

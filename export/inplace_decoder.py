@@ -3,7 +3,7 @@ with onnx.helper (not traced), so every node is chosen: com.microsoft contrib op
 
 Per layer, for a (batch, 1, d_model) step:
     self-attention   MatMul(packed QKV) + Add -> GroupQueryAttention -> MatMul(W^O) -> SkipLayerNormalization
-    cross-attention  MatMul(W^Q) -> MultiHeadAttention(cross K/V in BNSH, source mask) -> MatMul -> SkipLayerNorm
+    cross-attention  MatMul(W^Q) -> MultiHeadAttention(Q bias, cross K/V in BNSH, source mask) -> MatMul -> SkipLN
     feed-forward     MatMul + Add -> Relu -> MatMul -> SkipLayerNormalization
 SkipLayerNormalization takes the output projection's bias and the residual: LN(x + sublayer + b) (post-LN), or with
 the *next* LayerNorm's weights and its sum output as the new residual stream (pre-LN), so norms cost no extra node.
@@ -112,9 +112,11 @@ def build_inplace_decoder(model: Transformer) -> onnx.ModelProto:
         h, x = _residual(g, g.linear(a, attn.o_proj, f"{sub}.self.o", bias=False), x, attn.o_proj,
                          norms[3 * i] if not cfg.norm_first else following[3 * i], f"{sub}.self", cfg.norm_first)
         cross = layer.cross_attn
-        q = g.linear(h, cross.q_proj, f"{sub}.cross.q")  # (B, 1, D)
-        (c,) = g.op("MultiHeadAttention", [q, names.cross_input(i, "key"), names.cross_input(i, "value"), "",
-                                           src_mask], domain=MS_DOMAIN, num_heads=heads,
+        q = g.linear(h, cross.q_proj, f"{sub}.cross.q", bias=False)  # (B, 1, D)
+        q_bias = np.concatenate([_np(cross.q_proj.bias), np.zeros(2 * cfg.d_model, np.float32)])  # K/V: precomputed
+        (c,) = g.op("MultiHeadAttention", [q, names.cross_input(i, "key"), names.cross_input(i, "value"),
+                                           g.const(f"{sub}.cross.qkv_bias", q_bias), src_mask],
+                    domain=MS_DOMAIN, num_heads=heads,
                     mask_filter_value=float(MASK_FILL), scale=1.0 / math.sqrt(cfg.head_dim))  # (B, 1, D)
         h, x = _residual(g, g.linear(c, cross.o_proj, f"{sub}.cross.o", bias=False), x, cross.o_proj,
                          norms[3 * i + 1] if not cfg.norm_first else following[3 * i + 1], f"{sub}.cross",
@@ -124,9 +126,10 @@ def build_inplace_decoder(model: Transformer) -> onnx.ModelProto:
         h, x = _residual(g, g.linear(f, layer.ffn.w2, f"{sub}.ffn.w2", bias=False), x, layer.ffn.w2,
                          norms[3 * i + 2] if not cfg.norm_first else following[3 * i + 2], f"{sub}.ffn",
                          cfg.norm_first, keep_sum=not last)
+    # Squeeze before the projection: onnxruntime aliases it, while a Squeeze producing the graph output would copy.
+    (h,) = g.op("Squeeze", [h, g.const("axis_1", np.array([1], np.int64))])  # (B, D)
     out_weight = _np(model.out_proj.weight).T  # (D, V): a copy even when tied, since Gather needs (V, D)
-    (logits,) = g.op("MatMul", [h, g.const("out_proj.weight_t", out_weight)])  # (B, 1, V)
-    g.op("Squeeze", [logits, g.const("axis_1", np.array([1], np.int64))], outputs=[names.LOGITS])  # (B, V)
+    g.op("MatMul", [h, g.const("out_proj.weight_t", out_weight)], outputs=[names.LOGITS])  # (B, V)
     return _model(g, cfg)
 
 
@@ -154,6 +157,12 @@ def _model(g: _Builder, cfg) -> onnx.ModelProto:
                               producer_name="seqserve.export.inplace_decoder")
     model.ir_version = 10  # onnxruntime 1.31 reads up to 11; 10 matches the dynamo exporter's graphs
     return model
+
+
+def manifest_fields(model: Transformer) -> dict:
+    """What the manifest says of this graph beside its file entry (the runner picks a decoder graph by these)."""
+    return {"kv_cache": names.KV_INPLACE, "max_len": model.cfg.max_positions, "kv_dtype": "float32",
+            "contrib_ops": list(CONTRIB_OPS)}
 
 
 @torch.no_grad()

@@ -75,11 +75,14 @@ def inplace_step(
 
     A free slot is a row with n_b = 0 and an all-zero src_mask: it attends to its own new token only, writes its
     column 0 and its logits are finite and meaningless. A slot is reused by setting n_b = 0 and writing the new
-    row's cross K/V and mask; its old self K/V stay and are never read (columns beyond n_b are not).
+    row's cross K/V and mask; its old self K/V stay and are never read (columns beyond n_b are not). Cross K/V
+    beyond a row's source must be finite (masked scores are finite, so 0 x NaN would leak).
     """
     lens = np.ascontiguousarray(past_lens, np.int32)
+    if lens.size == 0:  # onnxruntime 1.31's CPU GroupQueryAttention divides by zero on an empty batch (SIGFPE)
+        return np.zeros((0, session.get_outputs()[0].shape[-1]), np.float32)
     max_len = self_kv[0].shape[2]
-    if lens.size and not (0 <= lens.min() and lens.max() < max_len):  # onnxruntime does not check: it would
+    if not (0 <= lens.min() and lens.max() < max_len):  # onnxruntime does not check: it would write out of bounds
         raise ValueError(f"past_lens must lie in [0, {max_len}) (the buffers' max_len), got {lens.tolist()}")
     for buf in self_kv:
         if not buf.flags.c_contiguous or buf.dtype != self_kv[0].dtype or buf.shape != self_kv[0].shape:
@@ -89,7 +92,7 @@ def inplace_step(
     binding.bind_output(names.LOGITS, "cpu")  # bound first: get_outputs() follows the binding order
     binding.bind_cpu_input(names.DECODER_INPUT_IDS, np.ascontiguousarray(ids, np.int64).reshape(-1, 1))
     binding.bind_cpu_input(names.PAST_SEQ_LENS, lens)
-    binding.bind_cpu_input(names.TOTAL_SEQ_LEN, np.array(int(lens.max()) + 1 if lens.size else 1, np.int32))
+    binding.bind_cpu_input(names.TOTAL_SEQ_LEN, np.array(int(lens.max()) + 1, np.int32))
     binding.bind_cpu_input(names.ENCODER_ATTENTION_MASK, np.ascontiguousarray(src_mask, np.int64))
     for past, present, buf in zip(names.past_inputs(n), names.present_outputs(n), self_kv):
         value = ort.OrtValue.ortvalue_from_numpy(buf)  # wraps buf's memory (no copy) for input and output alike

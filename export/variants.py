@@ -23,13 +23,16 @@ def make_int8(src: Path, dst: Path) -> None:
     MatMulConstBOnly keeps attention's activation x activation products in float. DynamicQuantizeLinear picks one
     scale per tensor over the whole batch, so an int8 row's logits depend (slightly) on its batch mates.
     """
+    import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     root = logging.getLogger()
     level = root.level
     root.setLevel(logging.ERROR)  # the quantiser logs a pre-processing hint on the root logger for every graph
     try:
-        quantize_dynamic(src, dst, weight_type=QuantType.QInt8, extra_options={"MatMulConstBOnly": True})
+        # DefaultTensorType: ONNX shape inference cannot type the outputs of com.microsoft ops (decoder_inplace)
+        quantize_dynamic(src, dst, weight_type=QuantType.QInt8,
+                         extra_options={"MatMulConstBOnly": True, "DefaultTensorType": onnx.TensorProto.FLOAT})
     finally:
         root.setLevel(level)
 
@@ -43,6 +46,19 @@ def make_fp16(src: Path, dst: Path) -> None:
         warnings.simplefilter("ignore")  # weights below fp16's range are flushed; the measured quality is the judge
         half = convert_float_to_float16(onnx.load(str(src)), keep_io_types=True)
     _topological_sort(half.graph)  # the converter appends the input Casts last, which onnx.checker refuses
+    onnx.save(half, str(dst))
+
+
+def make_fp16_inplace(src: Path, dst: Path) -> None:
+    """decoder_inplace in float16 with float16 K/V buffers: past and present must stay one tensor (a Cast between
+    them would copy), so only the logits keep float32. On CUDA, GroupQueryAttention runs only in float16/bfloat16."""
+    import onnx
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        half = convert_float_to_float16(onnx.load(str(src)), keep_io_types=[names.LOGITS])
+    _topological_sort(half.graph)
     onnx.save(half, str(dst))
 
 
@@ -64,31 +80,40 @@ def _topological_sort(graph) -> None:
 
 
 BUILDERS = {"int8": make_int8, "fp16": make_fp16}
+INPLACE_BUILDERS = {"int8": make_int8, "fp16": make_fp16_inplace}
+KV_DTYPES = {"fp16": "float16"}  # decoder_inplace K/V buffers per variant (float32 otherwise)
 
 
 def add_variant(directory: Path, manifest: mf.Manifest, variant: str) -> dict:
-    """Writes a variant's two graphs from the fp32 ones, checks them and lists them in manifest.variants."""
+    """Writes a variant's graphs from the fp32 ones (decoder_inplace only if fp32 has it), checks them and lists
+    them in manifest.variants, each with its fp32 entry's description (kv_cache, ...)."""
     if variant not in BUILDERS:
         raise ValueError(f"unknown variant {variant!r}; choose from {tuple(BUILDERS)}")
     import onnx
 
     fp32, out = names.graph_files("fp32"), names.graph_files(variant)
     entry: dict = {}
-    for graph in names.GRAPHS:
+    for graph in [g for g in names.ALL_GRAPHS if g in manifest.variants["fp32"]]:
         src, dst = directory / fp32[graph], directory / out[graph]
-        BUILDERS[variant](src, dst)
+        (INPLACE_BUILDERS if graph == names.DECODER_INPLACE else BUILDERS)[variant](src, dst)
         onnx.checker.check_model(str(dst), full_check=True)
         session = cpu_session(dst)  # refuses to load if an op has no CPU kernel at all
         mf.check_session_io(dst, session, graph, manifest)
-        _check_io_types(cpu_session(src), session, dst)
-        entry[graph] = mf.file_entry(directory, out[graph])
+        described = {k: v for k, v in manifest.variants["fp32"][graph].items() if k not in ("file", "sha256", "bytes")}
+        if graph == names.DECODER_INPLACE:
+            described["kv_dtype"] = KV_DTYPES.get(variant, "float32")
+        _check_io_types(cpu_session(src), session, dst, manifest.n_layers, described.get("kv_dtype", "float32"))
+        entry[graph] = mf.file_entry(directory, out[graph]) | described
     entry["quality"] = {}
     manifest.variants[variant] = entry
     return entry
 
 
-def _check_io_types(reference, session, path: Path) -> None:
-    want = [(v.name, v.type) for v in reference.get_inputs() + reference.get_outputs()]
+def _check_io_types(reference, session, path: Path, n_layers: int, kv_dtype: str = "float32") -> None:
+    """The fp32 graph's I/O types, except the decoder's K/V tensors in kv_dtype (decoder_inplace's float16 buffers)."""
+    kv = set(names.past_inputs(n_layers) + names.cross_inputs(n_layers) + names.present_outputs(n_layers))
+    kv_type = {"float32": "tensor(float)", "float16": "tensor(float16)"}[kv_dtype]
+    want = [(v.name, kv_type if v.name in kv else v.type) for v in reference.get_inputs() + reference.get_outputs()]
     got = [(v.name, v.type) for v in session.get_inputs() + session.get_outputs()]
     if got != want:
         raise mf.BundleError(f"{path}: input/output types {got} differ from fp32's {want}")

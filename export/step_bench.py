@@ -1,0 +1,151 @@
+"""Per-step time of the decoder graphs on random weights of standard shapes: plain (concat cache) vs in-place, fp32
+and int8 variants, through bare onnxruntime loops (no engine), 1 intra-op thread.
+
+    python -m seqserve.export.step_bench --shape default --batch 1 64
+
+Each loop is one generation: 32 forced tokens against 16-token sources (the issue's graph-loop setting), so the
+plain graph's past grows 0..31 and is fed back as OrtValues; the in-place graph writes into max_len buffers. Rounds
+interleave the graphs (load drifts on a shared machine); the median round is reported.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import torch
+
+from seqserve.contract import names
+from seqserve.export import variants as vr
+from seqserve.export.inplace_decoder import export_inplace_decoder
+from seqserve.export.onnx_export import export_decoder
+from seqserve.export.ort_io import cpu_session, inplace_step
+from seqserve.model.config import ModelConfig
+from seqserve.model.transformer import Transformer
+
+SHAPES = {  # d_model, heads, layers (each stack), d_ff, vocab
+    "default": dict(d_model=128, n_heads=4, n_encoder_layers=3, n_decoder_layers=3, d_ff=512, vocab_size=2000),
+    "small": dict(d_model=256, n_heads=4, n_encoder_layers=3, n_decoder_layers=3, d_ff=1024, vocab_size=8000),
+    "base": dict(d_model=512, n_heads=8, n_encoder_layers=6, n_decoder_layers=6, d_ff=2048, vocab_size=8000),
+}
+SRC_LEN, STEPS, MAX_LEN = 16, 32, 64
+
+
+def random_model(shape: str) -> Transformer:
+    torch.manual_seed(0)
+    return Transformer(ModelConfig(**SHAPES[shape], dropout=0.0, max_positions=256)).eval()
+
+
+def _kv(cfg, batch: int, length: int, rng) -> list[np.ndarray]:
+    return [rng.standard_normal((batch, cfg.n_heads, length, cfg.head_dim)).astype(np.float32)
+            for _ in range(2 * cfg.n_decoder_layers)]
+
+
+def plain_loop(session: ort.InferenceSession, cfg, batch: int, rng) -> Callable[[], None]:
+    """One generation through decoder.onnx: present (past_len + 1) fed back as the next step's past OrtValues."""
+    n = cfg.n_decoder_layers
+    ids = rng.integers(4, cfg.vocab_size, (batch, STEPS))
+    cross = [ort.OrtValue.ortvalue_from_numpy(c) for c in _kv(cfg, batch, SRC_LEN, rng)]
+    src_mask = np.ones((batch, SRC_LEN), np.int64)
+    empty = [ort.OrtValue.ortvalue_from_numpy(p) for p in _kv(cfg, batch, 0, rng)]
+
+    def run() -> None:
+        past = empty
+        for t in range(STEPS):
+            binding = session.io_binding()
+            binding.bind_output(names.LOGITS, "cpu")
+            binding.bind_cpu_input(names.DECODER_INPUT_IDS, np.ascontiguousarray(ids[:, t : t + 1]))
+            binding.bind_cpu_input(names.POSITION_IDS, np.full((batch, 1), t, np.int64))
+            binding.bind_cpu_input(names.DECODER_ATTENTION_MASK, np.ones((batch, t + 1), np.int64))
+            binding.bind_cpu_input(names.ENCODER_ATTENTION_MASK, src_mask)
+            for name, value in zip(names.past_inputs(n) + names.cross_inputs(n), past + cross):
+                binding.bind_ortvalue_input(name, value)
+            for name in names.present_outputs(n):
+                binding.bind_output(name, "cpu")
+            session.run_with_iobinding(binding)
+            binding.get_outputs()[0].numpy().argmax(-1)
+            past = binding.get_outputs()[1:]
+    return run
+
+
+def inplace_loop(session: ort.InferenceSession, cfg, batch: int, rng) -> Callable[[], None]:
+    """One generation through decoder_inplace.onnx with the reference driver (ort_io.inplace_step)."""
+    ids = rng.integers(4, cfg.vocab_size, (batch, STEPS))
+    cross = _kv(cfg, batch, SRC_LEN, rng)
+    src_mask = np.ones((batch, SRC_LEN), np.int64)
+    buffers = _kv(cfg, batch, MAX_LEN, rng)
+
+    def run() -> None:
+        for t in range(STEPS):
+            inplace_step(session, ids[:, t : t + 1], np.full(batch, t, np.int32), src_mask, buffers, cross).argmax(-1)
+    return run
+
+
+def build(model: Transformer, directory: Path, int8: bool) -> dict[str, Path]:
+    """{label: graph file}: fp32 plain and in-place, and their int8 variants if asked."""
+    paths = {"plain fp32": directory / names.DECODER_FILE, "inplace fp32": directory / names.DECODER_INPLACE_FILE}
+    export_decoder(model, paths["plain fp32"])
+    export_inplace_decoder(model, paths["inplace fp32"])
+    if int8:
+        for label in ("plain", "inplace"):
+            dst = directory / f"{label}.int8.onnx"
+            vr.make_int8(paths[f"{label} fp32"], dst)
+            paths[f"{label} int8"] = dst
+    return paths
+
+
+def measure(paths: dict[str, Path], cfg, batches: list[int], rounds: int, threads: int) -> list[dict]:
+    """Median ms per decoder step of each graph at each batch size, rounds interleaved across graphs."""
+    rows = []
+    for batch in batches:
+        loops = {}
+        for label, path in paths.items():
+            session = cpu_session(path, threads=threads)
+            make = inplace_loop if label.startswith("inplace") else plain_loop
+            loops[label] = make(session, cfg, batch, np.random.default_rng(0))
+            loops[label]()  # warm-up
+        times: dict[str, list[float]] = {label: [] for label in loops}
+        for _ in range(rounds):
+            for label, run in loops.items():
+                start = time.perf_counter()
+                run()
+                times[label].append((time.perf_counter() - start) / STEPS * 1e3)
+        rows += [{"batch": batch, "graph": label, "ms_per_step": statistics.median(t)} for label, t in times.items()]
+    return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="default")
+    parser.add_argument("--batch", type=int, nargs="+", default=[1, 64])
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--no-int8", action="store_true")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    model = random_model(args.shape)
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = build(model, Path(tmp), int8=not args.no_int8)
+        nodes = {label: _node_count(path) for label, path in paths.items()}
+        rows = measure(paths, model.cfg, args.batch, args.rounds, args.threads)
+    print(f"shape {args.shape}, {args.threads} thread(s), {STEPS} steps x {SRC_LEN}-token sources, "
+          f"median of {args.rounds} interleaved rounds")
+    print(f"{'graph':<14} {'nodes':>5} " + " ".join(f"{'b' + str(b) + ' ms':>9}" for b in args.batch))
+    for label in paths:
+        cells = [r["ms_per_step"] for b in args.batch for r in rows if r["graph"] == label and r["batch"] == b]
+        print(f"{label:<14} {nodes[label]:>5} " + " ".join(f"{c:>9.3f}" for c in cells))
+
+
+def _node_count(path: Path) -> int:
+    import onnx
+
+    return len(onnx.load(str(path), load_external_data=False).graph.node)
+
+
+if __name__ == "__main__":
+    main()
