@@ -157,8 +157,9 @@ class Engine:
         slots, now = self.runner.slots, time.monotonic()
         per_row = {s: (r, slots.ids[s, 1 : 1 + slots.length[s]]) for r in self._sampled
                    if (s := slots.slot_of(r)) is not None}
-        chosen = choose(logits, per_row, self.eos_id, self.banned)  # (hi,)
         hi = slots.hi
+        no_eos = slots.live[:hi] & (slots.length[:hi] < slots.min_new[:hi])  # (hi,)
+        chosen = choose(logits, per_row, self.eos_id, self.banned, no_eos)  # (hi,)
         single = slots.live[:hi] & ~slots.beam[:hi]  # (hi,) rows whose token is chosen here (beams: below)
         codes = np.where(single, finish.after_token(chosen, slots.length[:hi], slots.max_new[:hi], self.eos_id), 0)
         appended = single & (codes != finish.EOS)  # (hi,) EOS ends a row without being returned

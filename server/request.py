@@ -56,8 +56,8 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        """Plain argmax: nothing alters the logits, so a whole batch of such rows is one argmax."""
-        return self.temperature == 0.0 and self.repetition_penalty == 1.0 and self.min_new_tokens == 0
+        """Argmax of the logits (min_new_tokens only masks the end token, for all such rows in one operation)."""
+        return self.temperature == 0.0 and self.repetition_penalty == 1.0
 
 
 @dataclass(frozen=True)

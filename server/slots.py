@@ -18,6 +18,7 @@ class Slots:
         self.ids = np.full((capacity, max_new_tokens + 1), bos_id, np.int64)  # (C, 1+T) BOS, then generated ids
         self.length = np.zeros(capacity, np.int64)  # (C,) tokens generated = the position of the next input
         self.max_new = np.zeros(capacity, np.int64)  # (C,) each row's max_new_tokens
+        self.min_new = np.zeros(capacity, np.int64)  # (C,) each row's min_new_tokens (the end token masked before)
         self.live = np.zeros(capacity, bool)  # (C,)
         self.hi = 0  # rows [0, hi) are stepped: every live row is below hi
         self.index: dict[int, list[int]] = {}  # request id -> its slots (one per beam)
@@ -41,6 +42,7 @@ class Slots:
         self.ids[slot, 0] = self.bos_id
         self.length[slot] = 0
         self.max_new[slot] = request.params.max_new_tokens
+        self.min_new[slot] = request.params.min_new_tokens
         self.live[slot] = True
         self.hi = max(self.hi, slot + 1)
 
@@ -84,7 +86,7 @@ class Slots:
         self.requests[dst], self.requests[src] = self.requests[src], None
         rows = self.index[self.requests[dst].id]
         rows[rows.index(src)] = dst
-        for a in (self.ids, self.length, self.max_new, self.live, self.beam):
+        for a in (self.ids, self.length, self.max_new, self.min_new, self.live, self.beam):
             a[dst] = a[src]
         self.live[src], self.length[src], self.beam[src] = False, 0, False
         while self.hi and not self.live[self.hi - 1]:
