@@ -1,7 +1,8 @@
 """Pure execution on onnxruntime: encode sources (ahead of admission, in batches), place rows into slots, and run one
-decoder step for every stepped row. Owns the slot map (slots.py) and the KV cache. Every call goes through IO
-binding, so on CUDA the cache stays on the device and only ids, positions, masks and logits cross the bus; on CPU the
-same path runs with CPU OrtValues.
+decoder step for every stepped row. Owns the slot map (slots.py) and the KV cache (inplace_cache.py or kv_cache.py).
+Every decoder call goes through IO binding; with the concat cache on CUDA the self-attention past stays on the device
+(encoder outputs and the cross-attention mirror still cross the bus when rows join); on CPU the same path runs with CPU
+OrtValues.
 """
 from __future__ import annotations
 

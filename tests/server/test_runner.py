@@ -1,4 +1,4 @@
-"""The server's Runner (IO binding, the KV cache's filter / concatenate / advance) against plain onnxruntime run()
+"""The server's Runner (IO binding, the KV cache's admit / release / compact / advance) against plain onnxruntime run()
 calls of each row alone: rows joining and leaving between steps never change another row's logits."""
 from __future__ import annotations
 
