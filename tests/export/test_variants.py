@@ -12,9 +12,9 @@ from onnx import numpy_helper
 
 from seqserve.checks.quality import measure_quality
 from seqserve.contract import names
-from seqserve.contract.manifest import MANIFEST, file_entry, load_manifest
+from seqserve.contract.manifest import MANIFEST, Manifest, file_entry, load_manifest
 from seqserve.contract.tsv import heldout_pairs
-from seqserve.export.ort_io import cpu_session, decoder_feeds, encoder_feeds
+from seqserve.export.ort_io import cpu_session, decoder_feeds, encoder_feeds, inplace_step
 from seqserve.model.checkpoint import load_checkpoint
 from seqserve.model.decoding import greedy_decode, pad_batch
 
@@ -55,6 +55,41 @@ def teacher_forced_argmax(bundle, variant: str, sources, targets, cfg) -> list[n
     return out
 
 
+def teacher_forced_inplace_argmax(bundle, variant: str, sources, targets, cfg) -> list[np.ndarray]:
+    """decoder_inplace through the reference driver (ort_io.inplace_step): every row's K/V written in place."""
+    encoder = cpu_session(bundle / names.graph_files(variant)["encoder"])
+    decoder = cpu_session(bundle / names.graph_files(variant)[names.DECODER_INPLACE])
+    kv_dtype = np.float16 if variant == "fp16" else np.float32  # the manifest's kv_dtype (checked below)
+    out = []
+    for start in range(0, len(sources), 50):
+        chunk, goal = sources[start : start + 50], targets[start : start + 50]
+        ids, mask = (t.numpy() for t in pad_batch(chunk, cfg.pad_id))
+        cross = [c.astype(kv_dtype) for c in encoder.run(None, encoder_feeds(ids, mask))]
+        b, width = len(chunk), max(len(t) for t in goal)
+        inputs = np.full((b, width), cfg.pad_id, np.int64)
+        inputs[:, 0] = cfg.bos_id
+        for i, t in enumerate(goal):
+            inputs[i, 1 : len(t)] = t[:-1]
+        kv = [np.zeros((b, cfg.n_heads, width, cfg.head_dim), kv_dtype) for _ in range(2 * cfg.n_decoder_layers)]
+        best = np.stack([inplace_step(decoder, inputs[:, t : t + 1], np.full(b, t), mask, kv, cross).argmax(-1)
+                         for t in range(width)], axis=1)
+        out += [best[i, : len(goal[i])] for i in range(b)]
+    return out
+
+
+@pytest.mark.parametrize("variant", ["int8", "fp16"])
+def test_inplace_top1_agreement_with_fp32_is_at_least_99_percent(full_bundle, forced, variant):
+    """The same bar for decoder_inplace: each variant's in-place graph against the fp32 in-place graph, which
+    itself follows PyTorch's greedy tokens at every forced step."""
+    sources, targets, cfg = forced
+    fp32 = teacher_forced_inplace_argmax(full_bundle, "fp32", sources, targets, cfg)
+    got = teacher_forced_inplace_argmax(full_bundle, variant, sources, targets, cfg)
+    steps = sum(len(a) for a in fp32)
+    agree = sum(int((a == b).sum()) for a, b in zip(got, fp32)) / steps
+    assert steps > 1000 and agree >= 0.99, f"{variant} decoder_inplace: {agree:.2%} of {steps} steps"
+    assert all(np.array_equal(a, t) for a, t in zip(fp32, targets))
+
+
 @pytest.mark.parametrize("variant", ["int8", "fp16"])
 def test_top1_agreement_with_fp32_is_at_least_99_percent(full_bundle, forced, variant):
     sources, targets, cfg = forced
@@ -71,7 +106,13 @@ def test_manifest_lists_variants_with_measured_quality(full_bundle):
     manifest = load_manifest(full_bundle)  # sha256 of every variant file checked here
     assert list(manifest.variants) == ["fp32", "int8", "fp16"]
     for name, variant in manifest.variants.items():
-        assert {variant["encoder"]["file"], variant["decoder"]["file"]} == set(names.graph_files(name).values())
+        assert {variant["encoder"]["file"], variant["decoder"]["file"],
+                variant[names.DECODER_INPLACE]["file"]} == set(names.graph_files(name).values())
+        assert variant["decoder"]["kv_cache"] == names.KV_CONCAT
+        inplace = variant[names.DECODER_INPLACE]
+        assert inplace["kv_cache"] == names.KV_INPLACE and inplace["max_len"] == manifest.model["max_positions"]
+        assert inplace["kv_dtype"] == ("float16" if name == "fp16" else "float32")
+        assert inplace["contrib_ops"] == ["GroupQueryAttention", "MultiHeadAttention", "SkipLayerNormalization"]
         q = variant["quality"]
         assert q["n"] == 200 and q["split"] == "heldout.tsv" and q["nan_free"] is True
         assert 0.9 <= q["exact_match"] <= 1.0 and "warning" not in q
@@ -93,21 +134,36 @@ def test_variants_keep_float32_io(full_bundle):
                    [(v.name, v.type) for v in ref.get_inputs() + ref.get_outputs()]
 
 
+def test_inplace_variants_keep_float32_io_except_fp16_kv_buffers(full_bundle):
+    """int8 decoder_inplace keeps every type; fp16 has float16 K/V (past and present are one buffer, so no Cast may
+    sit between them) and float32 logits; ids, lengths and masks keep their integer types everywhere."""
+    ref = cpu_session(full_bundle / names.graph_files("fp32")[names.DECODER_INPLACE])
+    want = [(v.name, v.type) for v in ref.get_inputs() + ref.get_outputs()]
+    n = (len(ref.get_outputs()) - 1) // 2  # present K and V per layer after the logits
+    kv = set(names.past_inputs(n) + names.cross_inputs(n) + names.present_outputs(n))
+    for variant, kv_type in (("int8", "tensor(float)"), ("fp16", "tensor(float16)")):
+        got = cpu_session(full_bundle / names.graph_files(variant)[names.DECODER_INPLACE])
+        assert [(v.name, v.type) for v in got.get_inputs() + got.get_outputs()] == \
+               [(name, kv_type if name in kv else t) for name, t in want]
+    assert dict(want)[names.LOGITS] == "tensor(float)" and dict(want)[names.PAST_SEQ_LENS] == "tensor(int32)"
+
+
 def test_lossy_variant_is_reported_loudly(full_bundle, tmp_path, capsys):
     """A variant whose weights are badly damaged must show up as a warning on stderr and in its quality entry."""
     bundle = tmp_path / "lossy"
     shutil.copytree(full_bundle, bundle)
-    path = bundle / names.graph_files("int8")["decoder"]
-    model = onnx.load(str(bundle / names.graph_files("fp32")["decoder"]))
-    rng = np.random.default_rng(0)
-    for init in model.graph.initializer:
-        w = numpy_helper.to_array(init)
-        if w.dtype == np.float32 and w.size > 1:
-            init.CopyFrom(numpy_helper.from_array(w + rng.standard_normal(w.shape).astype(np.float32), init.name))
-    onnx.save(model, str(path))
     data = json.loads((bundle / MANIFEST).read_text())
-    data["variants"]["int8"]["decoder"] = file_entry(bundle, path.name)
-    (bundle / MANIFEST).write_text(json.dumps(data))
+    rng = np.random.default_rng(0)
+    for graph in ("decoder", names.DECODER_INPLACE):  # both decoder graphs: the engine may run either
+        path = bundle / names.graph_files("int8")[graph]
+        model = onnx.load(str(bundle / names.graph_files("fp32")[graph]))
+        for init in model.graph.initializer:
+            w = numpy_helper.to_array(init)
+            if w.dtype == np.float32 and w.size > 1:
+                init.CopyFrom(numpy_helper.from_array(w + rng.standard_normal(w.shape).astype(np.float32), init.name))
+        onnx.save(model, str(path))
+        data["variants"]["int8"][graph] |= file_entry(bundle, path.name)
+    Manifest(**data).save(bundle)  # manifest.json and its digest (bundle.sha256)
     quality = measure_quality(bundle, ["int8"], n=40, progress=False)
     assert "loses" in quality["int8"]["warning"] and quality["int8"]["exact_match_drop_points"] > 1
     assert "WARNING: variant int8 loses" in capsys.readouterr().err
