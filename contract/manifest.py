@@ -51,8 +51,8 @@ class Manifest:
     special_tokens: dict  # pad_id, bos_id, eos_id, unk_id
     tokenizer: dict  # file entry
     io: dict  # {"encoder": {"inputs": [...], "outputs": [...]}, "decoder": {...}, "decoder_inplace": {...}}
-    # name -> {"encoder": file entry, "decoder": file entry, "decoder_inplace": file entry (optional), "quality": {...}};
-    # decoder entries say their KV cache: "kv_cache": "concat" | "inplace" (in place: also "max_len", "contrib_ops")
+    # name -> {"encoder": entry, "decoder": entry, "decoder_inplace": entry (optional), "quality": {...}}; decoder
+    # entries say their KV cache, "kv_cache": "concat" | "inplace" (inplace: "max_len", "kv_dtype", "contrib_ops")
     variants: dict
     opset: int
     ir_version: int

@@ -105,8 +105,8 @@ def test_rows_join_leave_and_reuse_slots_like_pytorch_and_the_concat_graph(small
         assert np.isfinite(logits).all()  # free slots included
         for r in live:
             with torch.no_grad():
-                torch_cross = small_model.cross_kv(small_model.encode(torch.from_numpy(r.source[None]),
-                                                                      torch.ones((1, len(r.source)), dtype=torch.int64)))
+                source = torch.from_numpy(r.source[None])  # (1, S) alone, no padding
+                torch_cross = small_model.cross_kv(small_model.encode(source, torch.ones_like(source)))
             want, columns = _torch_step(small_model, r, torch_cross)
             concat = _concat_step(decoder, cfg, r, own_cross[id(r)])
             np.testing.assert_allclose(logits[r.slot], want, atol=ATOL, rtol=0)
