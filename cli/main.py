@@ -103,7 +103,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="what picks the kept checkpoint among the evaluations: validation loss (the preset's "
                         "default), chrF or exact match (ties broken by the lower loss)")
     p.add_argument("--max-minutes", type=float,
-                   help="wall-clock budget of the training loop: stop, evaluate, and keep the best checkpoint so far")
+                   help="wall-clock budget of this run's training loop (a --resume starts a new one): on reaching "
+                        "it, evaluate the current step and finish with the best checkpoint so far")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=_train)
     _add_serving_commands(sub)
