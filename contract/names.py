@@ -41,7 +41,8 @@ ENCODER_ATTENTION_MASK = "encoder_attention_mask"  # int64 [batch, src_len]
 
 # decoder_inplace.onnx inputs besides DECODER_INPUT_IDS and ENCODER_ATTENTION_MASK (its K/V names are the decoder's).
 # Row b's cached tokens sit in columns [0, n_b) of its K/V buffers; the step writes column n_b in place and reads
-# only [0, n_b], so columns beyond a row's length may hold anything (a previous row's K/V).
+# only [0, n_b], so columns beyond a row's length may hold anything (a previous row's K/V). onnxruntime checks
+# neither n_b < max_len (it writes out of bounds) nor batch > 0 (its CPU kernel dies of SIGFPE): callers must.
 PAST_SEQ_LENS = "past_sequence_lengths"  # int32 [batch]: n_b, the new token's position and K/V column
 TOTAL_SEQ_LEN = "total_sequence_length"  # int32 scalar []: max(n_b) + 1
 
