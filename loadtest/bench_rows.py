@@ -1,8 +1,11 @@
-"""One benchmark row = one backend, precision and batch size, run alone in a fresh process.
+"""One benchmark row = one backend, precision, batch size and beam width, run alone in a fresh process.
 
 run_row() is the child's whole life: load the model, warm up on one batch, decode every input once (timed), report
 its outputs and the process's peak RSS. Each backend's libraries are imported inside its loader, so an engine row's
 process never loads torch and its memory is its own.
+
+Every onnxruntime row (engine, graph-loop) runs with idle spinning off: at 1 thread there is no pool to spin, and
+with more threads on a shared machine spinning steals the cores the measured work needs.
 """
 from __future__ import annotations
 
@@ -14,10 +17,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 PYTORCH_NO_CACHE, PYTORCH_KV_CACHE = "pytorch-no-cache", "pytorch-kv-cache"
-ENGINE, CTRANSLATE2 = "seqserve-engine", "ctranslate2"
+ENGINE, GRAPH_LOOP, CTRANSLATE2 = "seqserve-engine", "graph-loop", "ctranslate2"
 WARMUP_TOKENS = 2
+# Beam rows: ours stop as soon as num_beams hypotheses are finished, the rule CTranslate2 has (patience 1); HF's
+# default heuristic has no CTranslate2 equivalent (export/ctranslate2_greedy.py lists what else differs).
+BEAM_EARLY_STOPPING = True
 
 Generate = Callable[[list[list[int]], int], list[list[int]]]  # (sources, max_new_tokens) -> ids per source
+Loaded = tuple[Generate, str, str | None]  # generate, where it runs, the decoder graph (onnxruntime rows)
 
 
 @dataclass(frozen=True)
@@ -28,20 +35,28 @@ class Workload:
     max_new_tokens: int
     threads: int
     device: str  # engine and CTranslate2: cpu | cuda | auto
-    checkpoint: Path
+    checkpoint: Path | None  # PyTorch rows only
     bundle: Path
     ctranslate2_dir: Path | None = None
+    min_new_tokens: int = 0  # the end token is suppressed before this many tokens, on every backend
+    kv_cache: str = "auto"  # engine and graph-loop rows: the decoder graph (server/runner.py choose_cache)
+
+    def min_new(self, max_new_tokens: int) -> int:
+        """min_new_tokens for one call (the warm-up asks for fewer tokens than min_new_tokens)."""
+        return min(self.min_new_tokens, max_new_tokens)
 
 
 @dataclass(frozen=True)
 class RowSpec:
     backend: str
     precision: str  # fp32 | int8
-    batch_size: int
+    batch_size: int  # sources decoded together (a beam row holds num_beams decoder rows per source)
+    num_beams: int = 1  # 1 = greedy
 
     @property
     def name(self) -> str:
-        return f"{self.backend} {self.precision} b{self.batch_size}"
+        beams = f" beam{self.num_beams}" if self.num_beams > 1 else ""
+        return f"{self.backend} {self.precision} b{self.batch_size}{beams}"
 
 
 @dataclass(frozen=True)
@@ -50,16 +65,17 @@ class RowRun:
     wall_s: float  # decoding every input once, after model load and warm-up
     peak_rss_mb: float  # peak RSS of this row's own process (model, libraries and interpreter included)
     device: str  # where it actually ran, e.g. CPUExecutionProvider
+    graph: str | None = None  # onnxruntime rows: the decoder graph run (decoder_inplace or decoder)
 
 
 def run_row(spec: RowSpec, work: Workload) -> RowRun:
     """Runs in a fresh (spawned) process; see the module docstring."""
-    generate, device = LOADERS[spec.backend](spec, work)
+    generate, device, graph = LOADERS[spec.backend](spec, work)
     generate(work.sources[: spec.batch_size], WARMUP_TOKENS)  # first-run allocations and lazy init stay untimed
     start = time.perf_counter()
     outputs = generate(work.sources, work.max_new_tokens)
     wall = time.perf_counter() - start
-    return RowRun(outputs, wall, peak_rss_mb(), device)
+    return RowRun(outputs, wall, peak_rss_mb(), device, graph)
 
 
 def peak_rss_mb() -> float:
@@ -75,7 +91,7 @@ def peak_rss_mb() -> float:
     return peak / 2**20 if sys.platform == "darwin" else peak / 1024  # macOS: bytes; elsewhere kB
 
 
-def _pytorch(spec: RowSpec, work: Workload) -> tuple[Generate, str]:
+def _pytorch(spec: RowSpec, work: Workload) -> Loaded:
     import torch
 
     from seqserve.model.checkpoint import load_checkpoint
@@ -92,54 +108,76 @@ def _pytorch(spec: RowSpec, work: Workload) -> tuple[Generate, str]:
         return [ids for i in range(0, len(sources), step)
                 for ids in greedy_decode(model, sources[i : i + step], max_new_tokens, use_cache)]
 
-    return generate, f"torch-{device}"
+    return generate, f"torch-{device}", None
 
 
-def _engine(spec: RowSpec, work: Workload) -> tuple[Generate, str]:
+def _runtime(work: Workload):
+    from seqserve.server.device import RuntimeConfig
+
+    return RuntimeConfig(device=work.device, intra_op_threads=work.threads, allow_spinning=False)
+
+
+def _engine(spec: RowSpec, work: Workload) -> Loaded:
     from seqserve.contract.manifest import load_manifest
     from seqserve.contract.tokenizer import load_tokenizer
-    from seqserve.server.device import RuntimeConfig
     from seqserve.server.engine import Engine
     from seqserve.server.metrics import Metrics
     from seqserve.server.request import Request, SamplingParams
     from seqserve.server.runner import Runner
     from seqserve.server.scheduler import Scheduler, SchedulerConfig
 
-    runner = Runner(work.bundle, RuntimeConfig(device=work.device, intra_op_threads=work.threads), spec.precision,
-                    capacity=spec.batch_size)
+    rows = spec.batch_size * spec.num_beams  # a beam request holds one row of the running batch per beam
+    runner = Runner(work.bundle, _runtime(work), spec.precision, capacity=rows, kv_cache=work.kv_cache)
     tokenizer = load_tokenizer(work.bundle / load_manifest(work.bundle).tokenizer["file"])
 
     def generate(sources: list[list[int]], max_new_tokens: int) -> list[list[int]]:
         # The server's continuous batching; the KV budget is raised so only max_batch_size limits admission.
-        need = spec.batch_size * max(len(s) + max_new_tokens for s in sources)
-        scheduler = Scheduler(SchedulerConfig(max_batch_size=spec.batch_size, max_waiting=len(sources),
+        need = rows * max(len(s) + max_new_tokens for s in sources)
+        scheduler = Scheduler(SchedulerConfig(max_batch_size=rows, max_waiting=len(sources),
                                               max_kv_tokens=max(SchedulerConfig.max_kv_tokens, need),
                                               cross_bytes_per_token=runner.cross_bytes_per_token))
         engine = Engine(runner, tokenizer, scheduler, Metrics())
-        requests = engine.generate([Request(list(s), SamplingParams(max_new_tokens=max_new_tokens)) for s in sources])
+        params = SamplingParams(max_new_tokens=max_new_tokens, min_new_tokens=work.min_new(max_new_tokens),
+                                num_beams=spec.num_beams,
+                                early_stopping=BEAM_EARLY_STOPPING if spec.num_beams > 1 else False)
+        requests = engine.generate([Request(list(s), params) for s in sources])
         failed = [r.error for r in requests if r.error]
         if failed:
             raise RuntimeError(f"{len(failed)} engine requests failed: {failed[0]}")
         return [r.output_ids for r in requests]
 
-    return generate, runner.provider
+    return generate, runner.provider, runner.cache.graph
 
 
-def _ctranslate2(spec: RowSpec, work: Workload) -> tuple[Generate, str]:
+def _graph_loop(spec: RowSpec, work: Workload) -> Loaded:
+    from seqserve.loadtest.graph_loop import GraphLoop
+
+    loop = GraphLoop(work.bundle, spec.precision, _runtime(work), work.kv_cache)
+
+    def generate(sources: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+        return loop.generate(sources, max_new_tokens, spec.batch_size, work.min_new(max_new_tokens))
+
+    return generate, loop.provider, loop.graph
+
+
+def _ctranslate2(spec: RowSpec, work: Workload) -> Loaded:
     import ctranslate2
 
+    from seqserve.contract.manifest import load_manifest
     from seqserve.contract.tokenizer import load_tokenizer
-    from seqserve.export.ctranslate2_greedy import greedy, load_translator
+    from seqserve.export.ctranslate2_greedy import beam_search, load_translator
 
     device = work.device if work.device != "auto" else ("cuda" if ctranslate2.get_cuda_device_count() else "cpu")
     translator = load_translator(work.ctranslate2_dir, spec.precision, device, work.threads)
-    tokenizer = load_tokenizer(work.checkpoint / "tokenizer.json")
+    tokenizer = load_tokenizer(work.bundle / load_manifest(work.bundle).tokenizer["file"])  # the checkpoint's copy
 
     def generate(sources: list[list[int]], max_new_tokens: int) -> list[list[int]]:
-        return greedy(translator, tokenizer, sources, max_new_tokens, spec.batch_size)
+        return beam_search(translator, tokenizer, sources, max_new_tokens, spec.batch_size, spec.num_beams,
+                           work.min_new(max_new_tokens))
 
-    return generate, f"ctranslate2-{device}"
+    return generate, f"ctranslate2-{device}", None
 
 
-LOADERS: dict[str, Callable[[RowSpec, Workload], tuple[Generate, str]]] = {
-    PYTORCH_NO_CACHE: _pytorch, PYTORCH_KV_CACHE: _pytorch, ENGINE: _engine, CTRANSLATE2: _ctranslate2}
+LOADERS: dict[str, Callable[[RowSpec, Workload], Loaded]] = {
+    PYTORCH_NO_CACHE: _pytorch, PYTORCH_KV_CACHE: _pytorch, ENGINE: _engine, GRAPH_LOOP: _graph_loop,
+    CTRANSLATE2: _ctranslate2}
