@@ -56,8 +56,8 @@ def torch_parity(bundle: Path, checkpoint: Path, n: int, runtime: RuntimeConfig 
     if not sources:
         return [Check("onnxruntime vs PyTorch", "-", "the bundle has no held-out split", "-", False)]
     encoder, decoder = ort_io.cpu_session(bundle / names.ENCODER_FILE), ort_io.cpu_session(bundle / names.DECODER_FILE)
-    runner = Runner(bundle, runtime, "fp32")
-    enc, step, forced = MaxDiff(), MaxDiff(), MaxDiff()
+    runners = [Runner(bundle, runtime, "fp32", kv_cache=kind) for kind in _kv_caches(manifest, runtime)]
+    enc, step, forced = MaxDiff(), MaxDiff(), {r.kv_cache: MaxDiff() for r in runners}
     reference: list[list[int]] = []
     for start in range(0, len(sources), BATCH):
         chunk = sources[start : start + BATCH]
@@ -74,16 +74,25 @@ def torch_parity(bundle: Path, checkpoint: Path, n: int, runtime: RuntimeConfig 
         _decoder_steps(model, decoder, inputs, mask, cross, step)
         full, _ = model.decode(inputs, torch.arange(inputs.shape[1]).expand_as(inputs), torch.ones_like(inputs),
                                mask, cross)  # (B, T, V) one causal forward
-        _, ort_logits = next(teacher_forced(runner, chunk, targets, batch_size=len(chunk)))
-        for i, target in enumerate(targets):
-            forced.add(names.LOGITS, ort_logits[i, : len(target)], full[i, : len(target)])
-    engine = generate(runner, tok, sources, manifest.max_new_tokens)
-    same = sum(r.output_ids == want for r, want in zip(engine, reference))
-    return (enc.rows("encoder vs torch") + step.rows("decoder step vs torch")
-            + forced.rows(f"teacher forcing: cached ORT steps ({runner.provider}) vs torch forward")
-            + [Check(f"greedy tokens: engine ({runner.provider}) vs torch", "fp32",
-                     f"{same}/{len(sources)} sequences identical",
-                     "all", same == len(sources))])
+        for runner in runners:
+            _, ort_logits = next(teacher_forced(runner, chunk, targets, batch_size=len(chunk)))
+            for i, target in enumerate(targets):
+                forced[runner.kv_cache].add(names.LOGITS, ort_logits[i, : len(target)], full[i, : len(target)])
+    rows = enc.rows("encoder vs torch") + step.rows("decoder step vs torch")
+    for runner in runners:  # both decoder graphs the bundle carries, each through the engine with its own cache
+        graph = f"{runner.cache.graph}.onnx, {runner.kv_cache} KV cache, {runner.provider}"
+        engine = generate(runner, tok, sources, manifest.max_new_tokens)
+        same = sum(r.output_ids == want for r, want in zip(engine, reference))
+        rows += forced[runner.kv_cache].rows(f"teacher forcing: cached steps ({graph}) vs torch forward")
+        rows.append(Check(f"greedy tokens: engine ({graph}) vs torch", "fp32",
+                          f"{same}/{len(sources)} sequences identical", "all", same == len(sources)))
+    return rows
+
+
+def _kv_caches(manifest, runtime: RuntimeConfig) -> list[str]:
+    """The plain graph always; the in-place one when the bundle has it and the engine would run it (CPU provider)."""
+    has = names.DECODER_INPLACE in manifest.variants["fp32"]
+    return ["concat"] + (["inplace"] if has and runtime.device == "cpu" else [])
 
 
 def _forced_inputs(targets: list[list[int]], cfg) -> torch.Tensor:
