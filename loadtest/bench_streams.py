@@ -51,7 +51,7 @@ async def _run(load: StreamLoad) -> dict:
         stub = pb_grpc.GenerationStub(channel)
         concurrent = await _concurrent(stub, load, options)
         sequential = await _sequential(stub, load, options)
-    return {"concurrent": concurrent, "sequential": sequential}
+    return {"concurrent": concurrent, "sequential": sequential, "cores": sorted(os.sched_getaffinity(0))}
 
 
 class _Tally:

@@ -171,7 +171,8 @@ def bench(cfg: ServerBenchConfig) -> dict:
             "created": datetime.datetime.now().astimezone().isoformat(), "machine": machine,
             "uptime_before": before, "uptime_after": uptime(),
             "settings": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(cfg).items()},
-            "concurrent": concurrent, "sequential": sequential, "engine_offline": engine}
+            "client_cores": client["cores"], "concurrent": concurrent, "sequential": sequential,
+            "engine_offline": engine}
 
 
 def table(report: dict) -> str:

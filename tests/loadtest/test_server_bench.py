@@ -1,0 +1,68 @@
+"""The pinned server benchmark on the tiny bundle: a real `seqserve serve` under taskset, a grpc.aio client in its own
+pinned process, the offline engine on the server's core; every call forced to the same length."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from seqserve.loadtest import server_bench
+
+STREAMS, MAX_NEW, SEQUENTIAL = 4, 8, 5
+needs_two_cores = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="pins the server and client apart")
+
+
+@pytest.fixture(scope="module")
+def report(tiny_bundle, tmp_path_factory):
+    out = tmp_path_factory.mktemp("server-bench")
+    cores = sorted(os.sched_getaffinity(0))[:2]
+    argv = ["--bundle", str(tiny_bundle), "--streams", str(STREAMS), "--max-batch-size", str(STREAMS),
+            "--max-new-tokens", str(MAX_NEW), "--warmup", "0.5", "--duration", "1.5", "--sequential-requests",
+            str(SEQUENTIAL), "-n", "8", "--server-core", str(cores[0]), "--client-core", str(cores[1]),
+            "--out", str(out / "report.json"), "--markdown", str(out / "report.md")]
+    assert server_bench.main(argv) == 0
+    return json.loads((out / "report.json").read_text()), (out / "report.md").read_text()
+
+
+@needs_two_cores
+def test_every_call_generates_the_forced_length_served_and_offline(report):
+    data, _ = report
+    concurrent, sequential = data["concurrent"], data["sequential"]
+    assert concurrent["calls"] >= STREAMS and concurrent["calls_by_generated_tokens"] == {
+        str(MAX_NEW): concurrent["calls"]}
+    assert sequential["calls"] == SEQUENTIAL and sequential["calls_by_generated_tokens"] == {str(MAX_NEW): SEQUENTIAL}
+    assert [b["lengths"] for b in data["engine_offline"].values()] == [[MAX_NEW], [MAX_NEW]]
+    assert set(data["engine_offline"]) == {f"b{STREAMS}", "b1"}
+
+
+@needs_two_cores
+def test_the_server_count_and_the_client_count_cover_the_same_window(report):
+    """Both counts come from the same window; they differ only by tokens in flight at its two ends."""
+    c = report[0]["concurrent"]
+    assert c["server_tokens"] > 0 and c["client_tokens"] > 0
+    assert abs(c["server_tokens"] - c["client_tokens"]) <= 2 * STREAMS * MAX_NEW
+    assert c["server_tokens_per_s"] == pytest.approx(c["server_tokens"] / c["window_s"], rel=1e-2)
+    assert c["server_per_engine"] == pytest.approx(c["server_tokens_per_s"] / c["engine_offline_tokens_per_s"],
+                                                   rel=1e-2)
+    s = report[0]["sequential"]
+    assert s["engine_per_server"] == pytest.approx(s["engine_offline_ms_per_input"] / s["mean_ms"], rel=1e-2)
+    assert s["p50_ms"] <= s["p99_ms"]
+
+
+@needs_two_cores
+def test_the_report_names_the_pinning_the_load_and_the_command(report):
+    data, markdown = report
+    cores = sorted(os.sched_getaffinity(0))[:2]
+    assert data["server_command"].startswith(f"taskset -c {cores[0]} ") and data["client_cores"] == [cores[1]]
+    for flag in ("--intra-op-threads 1", "--no-allow-spinning", f"--max-batch-size {STREAMS}"):
+        assert flag in data["server_command"]
+    assert "load average" in data["uptime_before"] and "load average" in data["uptime_after"]
+    assert data["command"].startswith("python -m seqserve.loadtest.server_bench --bundle ")
+    assert data["command"] in markdown and "| concurrency 1, ms per request |" in markdown
+    assert data["machine"]["onnxruntime_providers_used"] == ["CPUExecutionProvider"]
+
+
+def test_the_server_and_the_client_need_two_different_cores(tiny_bundle, capsys):
+    assert server_bench.main(["--bundle", str(tiny_bundle), "--server-core", "0", "--client-core", "0"]) == 2
+    assert "two different cores" in capsys.readouterr().err
