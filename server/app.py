@@ -2,7 +2,8 @@
 
 Lifecycle: bind with health NOT_SERVING -> load the bundle and warm up (off the event loop) -> SERVING.
 SIGTERM/SIGINT: NOT_SERVING -> new calls UNAVAILABLE -> in-flight calls finish within the grace period -> calls
-still in flight get UNAVAILABLE (never CANCELLED: clients retry UNAVAILABLE) -> server.stop -> engine.stop -> exit 0.
+still in flight get UNAVAILABLE, and so do calls gRPC accepted but had not handed over yet (never CANCELLED: clients
+retry UNAVAILABLE, not CANCELLED) -> server.stop -> engine.stop -> exit 0.
 Security (docs/security.md): TLS / mutual TLS, bearer tokens, the bind addresses, reflection on or off.
 """
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import time
 
 import grpc
 import onnxruntime as ort
@@ -32,6 +34,8 @@ from seqserve.server.tls import server_credentials
 log = logging.getLogger("seqserve")
 WARMUP_TEXT = "warm up"
 ABORT_SECONDS = 5.0  # after the grace period: how long calls get to send their UNAVAILABLE before server.stop
+BACKLOG_SECONDS = 5.0  # at most this long answering calls gRPC accepted but had not yet handed to the service
+QUIET_SECONDS = 0.1  # no new call for this long: gRPC's backlog of accepted calls is empty
 FLUSH_SECONDS = 1.0  # server.stop's own grace: lets the last statuses and responses reach their clients
 LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")
 
@@ -155,8 +159,21 @@ class App:
             log.warning("grace period of %.1fs over: %d calls still in flight get UNAVAILABLE", grace, aborted)
             if not await self.service.wait_idle(ABORT_SECONDS):
                 log.error("calls still in flight %.1fs after their abort: server.stop cancels them", ABORT_SECONDS)
+        await self._refuse_backlog()
         await self.close(grace=FLUSH_SECONDS)
         return finished
+
+    async def _refuse_backlog(self) -> None:
+        """gRPC may hold calls it accepted but has not handed to the service yet (a busy event loop takes them one
+        at a time), and server.stop would end those CANCELLED. So the server keeps answering, each such call gets
+        UNAVAILABLE at once, until none arrived for QUIET_SECONDS (at most BACKLOG_SECONDS)."""
+        end = time.monotonic() + BACKLOG_SECONDS
+        while time.monotonic() < end:
+            await self.service.wait_idle(max(0.0, end - time.monotonic()))
+            quiet_since = time.monotonic()  # a loop busy with aborts hands over no call: only count from idle
+            await asyncio.sleep(QUIET_SECONDS)
+            if self.service.last_call_at < quiet_since and await self.service.wait_idle(0):  # nothing came
+                return
 
     async def close(self, grace: float = 0) -> None:
         if self.server is not None:

@@ -96,6 +96,7 @@ class GenerationService(pb_grpc.GenerationServicer):
         self.draining = False
         self._inflight = 0
         self._calls: set[_Call] = set()  # every call in flight (drain aborts them)
+        self.last_call_at = float("-inf")  # time.monotonic() of the latest call's arrival (drain waits for quiet)
         self._inflight_bytes = 0
         self._idle = asyncio.Event()
         self._idle.set()
@@ -128,6 +129,8 @@ class GenerationService(pb_grpc.GenerationServicer):
 
     async def wait_idle(self, timeout: float) -> bool:
         """True once no call is in flight, False if the timeout came first."""
+        if self._idle.is_set():  # wait_for with timeout 0 would time out before even looking
+            return True
         try:
             await asyncio.wait_for(self._idle.wait(), timeout)
             return True
@@ -166,6 +169,7 @@ class GenerationService(pb_grpc.GenerationServicer):
             self._leave(call)
 
     def _enter(self, call: _Call) -> None:
+        self.last_call_at = time.monotonic()
         self._inflight += 1
         self._calls.add(call)
         self._idle.clear()
