@@ -1,0 +1,134 @@
+"""A malformed bundle is refused at load with a message naming the file and the field, and `seqserve serve` and
+`seqserve verify` exit 2 (issue 11, defect 6): schema, confined paths, the manifest's digest, the tokenizer and the
+graphs checked against the manifest."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from seqserve.cli.main import main
+from seqserve.contract.manifest import DIGEST, MANIFEST, BundleError, IntegrityError, load_manifest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _rehash(bundle: Path, entry: dict) -> None:
+    blob = (bundle / entry["file"]).read_bytes()
+    entry.update(sha256=hashlib.sha256(blob).hexdigest(), bytes=len(blob))
+
+
+def _corrupt_tokenizer(bundle: Path, data: dict) -> None:
+    (bundle / "tokenizer.json").write_text('{"version": "1.0", "model": {"type": "nonsense"}}')
+    _rehash(bundle, data["tokenizer"])  # consistent hashes: the parser itself must refuse it
+
+
+def _link_outside(bundle: Path, data: dict) -> None:
+    outside = bundle.parent / "outside.json"
+    shutil.copyfile(bundle / "tokenizer.json", outside)
+    (bundle / "link.json").symlink_to(outside)
+    data["tokenizer"]["file"] = "link.json"
+
+
+def _set(path: str, value):
+    def edit(bundle: Path, data: dict) -> None:
+        *parents, last = path.split(".")
+        node = data
+        for key in parents:
+            node = node[key]
+        if value is KeyError:
+            del node[last]
+        else:
+            node[last] = value
+    return edit
+
+
+def _eos_5(bundle: Path, data: dict) -> None:
+    data["special_tokens"]["eos_id"] = data["model"]["eos_id"] = 5  # consistent, but not the tokenizer's </s>
+
+
+# (id, edit of the bundle copy and its manifest data (or a replacement), what the message must name): all exit 2.
+CASES = [
+    ("manifest-is-a-list", lambda b, d: [], "manifest.json: must be a JSON object, got list"),
+    ("missing-model-field", _set("model.n_heads", KeyError), "model.n_heads is missing"),
+    ("missing-model", _set("model", KeyError), "manifest.json: model is missing"),
+    ("variants-as-a-list", _set("variants", [{"name": "fp32"}]), "variants must be an object, got a list"),
+    ("empty-fp32", _set("variants.fp32", {}), "variants.fp32.encoder is missing"),
+    ("d_model-string", _set("model.d_model", "64"), "model.d_model must be an integer, got a string '64'"),
+    ("corrupt-tokenizer", _corrupt_tokenizer, "tokenizer.json: not a usable tokenizer"),
+    ("n_heads-mismatch", _set("model.n_heads", 8), "but the manifest's model.n_heads is 8"),
+    ("eos-disagrees", _eos_5, "special_tokens.eos_id=5 but tokenizer.json has id 2 for that token"),
+    ("absolute-path", _set("tokenizer.file", "/etc/passwd"),
+     "tokenizer.file must be a path inside the bundle directory (relative, no '..'), got '/etc/passwd'"),
+    ("dotdot-path", _set("variants.fp32.decoder.file", "../../decoder.onnx"),
+     "variants.fp32.decoder.file must be a path inside the bundle directory"),
+    ("link-out-of-bundle", _link_outside, "link.json: listed in manifest.json but resolves outside the bundle"),
+    ("max_positions-overstated", _set("model.max_positions", 128),
+     "cannot run at the manifest's model.max_positions=128"),
+    ("max_new_tokens-beyond-positions", _set("max_new_tokens", 100), "max_new_tokens=100 exceeds model.max_positions"),
+    ("unknown-field", _set("graphs", {}), "unknown field(s) ['graphs']"),
+    ("bad-sha256", _set("tokenizer.sha256", "xyz"), "tokenizer.sha256 must be 64 lowercase hex digits"),
+]
+
+
+def _bundle(tiny_bundle: Path, tmp_path: Path, edit=None) -> Path:
+    out = tmp_path / "bundle"
+    shutil.copytree(tiny_bundle, out, ignore=shutil.ignore_patterns("verified.json"))
+    data = json.loads((out / MANIFEST).read_text())
+    replaced = edit(out, data) if edit is not None else None
+    data = data if replaced is None else replaced
+    text = json.dumps(data, indent=2)
+    (out / MANIFEST).write_text(text)
+    (out / DIGEST).write_text(f"{hashlib.sha256(text.encode()).hexdigest()}  {MANIFEST}\n")  # as export writes it
+    return out
+
+
+@pytest.mark.parametrize("edit, message", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_serve_and_verify_exit_2_naming_the_problem(tiny_bundle, tmp_path, capsys, edit, message):
+    bundle = _bundle(tiny_bundle, tmp_path, edit)
+    for argv in (["serve", "--bundle", str(bundle), "--port", "0", "--metrics-port", "-1", "--device", "cpu"],
+                 ["verify", str(bundle), "--quiet"]):
+        assert main(argv) == 2, argv[0]
+        err = capsys.readouterr().err
+        assert f"seqserve {argv[0]}: error: " in err and message in err, (argv[0], err)
+
+
+def test_the_real_command_exits_2(tiny_bundle, tmp_path):
+    bundle = _bundle(tiny_bundle, tmp_path, _set("model.d_model", "64"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SEQSERVE_")}
+    done = subprocess.run([sys.executable, "-m", "seqserve.cli", "serve", "--bundle", str(bundle), "--port", "0",
+                           "--metrics-port", "-1"], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "model.d_model must be an integer" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_the_manifest_digest_is_checked(tiny_bundle, tmp_path, capsys):
+    bundle = _bundle(tiny_bundle, tmp_path)
+    assert load_manifest(bundle).max_new_tokens > 0
+    assert subprocess.run(["sha256sum", "--check", "--quiet", DIGEST], cwd=bundle).returncode == 0  # standard format
+    data = json.loads((bundle / MANIFEST).read_text())
+    data["max_new_tokens"] -= 1  # a plausible edit that every schema check accepts
+    (bundle / MANIFEST).write_text(json.dumps(data, indent=2))
+    with pytest.raises(IntegrityError, match=r"manifest\.json: sha256 .* does not match bundle\.sha256"):
+        load_manifest(bundle)
+    assert main(["serve", "--bundle", str(bundle), "--port", "0", "--metrics-port", "-1"]) == 2
+    assert "does not match bundle.sha256" in capsys.readouterr().err
+    assert main(["verify", str(bundle), "--quiet"]) == 1  # an integrity failure: verify reports it in its table
+    assert "does not match bundle.sha256" in capsys.readouterr().out
+
+
+def test_manifest_save_writes_the_digest(tiny_bundle, tmp_path):
+    bundle = _bundle(tiny_bundle, tmp_path)
+    (bundle / DIGEST).unlink()
+    manifest = load_manifest(bundle)  # an older bundle without a digest still loads (with a warning)
+    manifest.save(bundle)
+    assert (bundle / DIGEST).read_text() == f"{hashlib.sha256((bundle / MANIFEST).read_bytes()).hexdigest()}  " \
+                                            f"{MANIFEST}\n"
+    assert load_manifest(bundle).to_json() == manifest.to_json()
+    assert issubclass(IntegrityError, BundleError)
