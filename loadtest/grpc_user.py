@@ -1,6 +1,8 @@
 """A locust User that speaks gRPC: one channel per user, every call reported as a locust request event.
 
 Import it only inside a locust process: it switches grpc to gevent, which locust has already patched in.
+The channel follows the locustfile's connection flags (--ca-file, --cert-file, --key-file, --tls, --tls-server-name,
+--token-file, or SEQSERVE_TOKEN): TLS, mutual TLS and bearer tokens, as every seqserve client.
 Events: request_type "grpc" for whole calls (name = method, response_length = usage.generated_tokens, so
 locust's content size totals are generated tokens) and "ttft" for a stream's time to its first token.
 """
@@ -13,6 +15,7 @@ import grpc.experimental.gevent
 from locust import User
 
 from seqserve.loadtest.summary import CALL, FIRST_TOKEN
+from seqserve.server.channel import Connection, connection_from_args
 from seqserve.v1 import seqserve_pb2 as pb
 from seqserve.v1 import seqserve_pb2_grpc as pb_grpc
 
@@ -40,7 +43,9 @@ class GrpcUser(User):
     def on_start(self) -> None:
         if not self.host:
             raise ValueError("no target: pass --host host:port (the gRPC server)")
-        self.channel = grpc.insecure_channel(self.host)
+        options = getattr(self.environment, "parsed_options", None)
+        connection = connection_from_args(options) if options is not None else Connection()
+        self.channel = connection.channel(self.host)
         self.stub = pb_grpc.GenerationStub(self.channel)
 
     def on_stop(self) -> None:

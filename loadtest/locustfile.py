@@ -20,6 +20,8 @@ directory or its heldout.tsv). Decoding options are the proto's names as flags (
 Statistics: request type "grpc" rows are whole calls, with "content size" = generated tokens; "ttft" rows are
 streams' time to first token (so locust's own "Aggregated" row counts each stream twice; summary.json does not).
 Failures are grouped by gRPC status code. `--summary-json PATH` writes summary.json whenever a test stops.
+A server with TLS or bearer tokens (docs/security.md): `--ca-file`, `--cert-file`/`--key-file`, `--token-file` (or
+the SEQSERVE_TOKEN environment variable), as `seqserve generate` takes them.
 """
 from __future__ import annotations
 
@@ -33,6 +35,7 @@ from locust.stats import PERCENTILES_TO_REPORT, StatsCSV
 from seqserve.loadtest.grpc_user import GrpcUser
 from seqserve.loadtest.summary import Summary
 from seqserve.loadtest.workload import Workload, heldout_sources
+from seqserve.server.channel import add_connection_arguments
 from seqserve.server.client import add_decoding_arguments, decoding_from_args
 
 
@@ -42,6 +45,7 @@ def _add_arguments(parser) -> None:
                         help="bundle directory (or its heldout.tsv) whose held-out sources are the inputs")
     parser.add_argument("--timeout", type=float, help="deadline of each call in seconds (unset = none)")
     parser.add_argument("--summary-json", include_in_web_ui=False, help="write the run's summary here on stop")
+    add_connection_arguments(parser, include_in_web_ui=False)
     add_decoding_arguments(parser)
 
 

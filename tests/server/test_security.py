@@ -1,8 +1,13 @@
 """TLS, mutual TLS and bearer tokens on real servers, with certificates the test makes (trustme)."""
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import grpc
 import pytest
@@ -18,6 +23,7 @@ from seqserve.server.healthcheck import check
 from seqserve.server.healthcheck import main as healthcheck_main
 from seqserve.v1 import seqserve_pb2 as pb
 
+REPO = Path(__file__).resolve().parents[2]
 TOKEN, OTHER_TOKEN, WRONG = "t0ken-" + "a" * 26, "t0ken-" + "b" * 26, "t0ken-" + "c" * 26
 Code = grpc.StatusCode
 
@@ -192,3 +198,28 @@ def test_generate_offers_every_connection_flag():
 
     generate = build_parser()._subparsers._group_actions[0].choices["generate"]
     assert set(CONNECTION_HELP) <= {a.dest for a in generate._actions}
+
+
+def test_locust_users_connect_with_tls_and_a_token(tiny_bundle, pki, tmp_path):
+    """The locustfile's connection flags reach every user's channel: all calls succeed, none without the token."""
+    s = Served(tiny_bundle, tls_cert_file=pki.cert, tls_key_file=pki.key, auth_tokens=TOKEN,
+               metrics_port=-1).wait_ready()
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN)
+    try:
+        summaries = {}
+        for name, flags in (("token", ["--token-file", str(token_file)]), ("none", [])):
+            out = tmp_path / f"{name}.json"
+            env = {k: v for k, v in os.environ.items() if k != "SEQSERVE_TOKEN"}
+            subprocess.run([sys.executable, "-m", "locust", "-f", str(REPO / "loadtest" / "locustfile.py"),
+                            "--headless", "--only-summary", "--host", s.address, "--users", "2", "--spawn-rate", "2",
+                            "--run-time", "2s", "--stop-timeout", "10s", "--exit-code-on-error", "0",
+                            "--heldout", str(tiny_bundle), "--summary-json", str(out), "--max-new-tokens", "3",
+                            "--ca-file", pki.ca, *flags], cwd=REPO, env=env, capture_output=True, timeout=120,
+                           check=True)
+            summaries[name] = json.loads(out.read_text())
+        assert summaries["token"]["requests"] > 0 and summaries["token"]["failures"] == 0
+        assert set(summaries["none"]["failures_by_code"]) == {"UNAUTHENTICATED"}
+        assert summaries["none"]["failures"] == summaries["none"]["requests"] > 0
+    finally:
+        s.stop()
