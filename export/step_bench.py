@@ -5,7 +5,9 @@ and int8 variants, through bare onnxruntime loops (no engine), 1 intra-op thread
 
 Each loop is one generation: 32 forced tokens against 16-token sources (the issue's graph-loop setting), so the
 plain graph's past grows 0..31 and is fed back as OrtValues; the in-place graph writes into max_len buffers. Rounds
-interleave the graphs (load drifts on a shared machine); the median round is reported.
+interleave the graphs (load drifts on a shared machine); the median round is reported, as the process's CPU time
+per step (with one thread and no spinning, what the graph costs, even while other jobs share the cores) and as wall
+time. The load average is printed before and after.
 """
 from __future__ import annotations
 
@@ -100,7 +102,7 @@ def build(model: Transformer, directory: Path, int8: bool) -> dict[str, Path]:
 
 
 def measure(paths: dict[str, Path], cfg, batches: list[int], rounds: int, threads: int) -> list[dict]:
-    """Median ms per decoder step of each graph at each batch size, rounds interleaved across graphs."""
+    """Median CPU and wall ms per decoder step of each graph at each batch size, rounds interleaved across graphs."""
     rows = []
     for batch in batches:
         loops = {}
@@ -109,13 +111,16 @@ def measure(paths: dict[str, Path], cfg, batches: list[int], rounds: int, thread
             make = inplace_loop if label.startswith("inplace") else plain_loop
             loops[label] = make(session, cfg, batch, np.random.default_rng(0))
             loops[label]()  # warm-up
-        times: dict[str, list[float]] = {label: [] for label in loops}
+        cpu: dict[str, list[float]] = {label: [] for label in loops}
+        wall: dict[str, list[float]] = {label: [] for label in loops}
         for _ in range(rounds):
             for label, run in loops.items():
-                start = time.perf_counter()
+                start_cpu, start = time.process_time(), time.perf_counter()
                 run()
-                times[label].append((time.perf_counter() - start) / STEPS * 1e3)
-        rows += [{"batch": batch, "graph": label, "ms_per_step": statistics.median(t)} for label, t in times.items()]
+                cpu[label].append((time.process_time() - start_cpu) / STEPS * 1e3)
+                wall[label].append((time.perf_counter() - start) / STEPS * 1e3)
+        rows += [{"batch": batch, "graph": label, "cpu_ms": statistics.median(cpu[label]),
+                  "wall_ms": statistics.median(wall[label])} for label in loops]
     return rows
 
 
@@ -132,13 +137,19 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         paths = build(model, Path(tmp), int8=not args.no_int8)
         nodes = {label: _node_count(path) for label, path in paths.items()}
+        load_before = _load()
         rows = measure(paths, model.cfg, args.batch, args.rounds, args.threads)
-    print(f"shape {args.shape}, {args.threads} thread(s), {STEPS} steps x {SRC_LEN}-token sources, "
-          f"median of {args.rounds} interleaved rounds")
-    print(f"{'graph':<14} {'nodes':>5} " + " ".join(f"{'b' + str(b) + ' ms':>9}" for b in args.batch))
+    print(f"shape {args.shape}, {args.threads} thread(s), {STEPS} steps x {SRC_LEN}-token sources, median of "
+          f"{args.rounds} interleaved rounds; load average {load_before} before, {_load()} after")
+    print(f"{'graph':<14} {'nodes':>5} " + " ".join(f"{f'b{b} cpu ms':>11} {f'b{b} wall ms':>12}" for b in args.batch))
     for label in paths:
-        cells = [r["ms_per_step"] for b in args.batch for r in rows if r["graph"] == label and r["batch"] == b]
-        print(f"{label:<14} {nodes[label]:>5} " + " ".join(f"{c:>9.3f}" for c in cells))
+        cells = [(r["cpu_ms"], r["wall_ms"]) for b in args.batch for r in rows
+                 if r["graph"] == label and r["batch"] == b]
+        print(f"{label:<14} {nodes[label]:>5} " + " ".join(f"{c:>11.3f} {w:>12.3f}" for c, w in cells))
+
+
+def _load() -> str:
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
 
 
 def _node_count(path: Path) -> int:

@@ -12,29 +12,62 @@ import tempfile
 import warnings
 from pathlib import Path
 
+import numpy as np
+
 from seqserve.contract import manifest as mf
 from seqserve.contract import names
 from seqserve.export.ort_io import cpu_session, random_decoder_feeds
 
 
 def make_int8(src: Path, dst: Path) -> None:
-    """int8 weights for every MatMul with a constant B; activations are quantised at run time.
+    """int8 weights for every MatMul with a constant B; activations are quantised at run time (onnxruntime fuses
+    each into DynamicQuantizeMatMul: uint8 activations x int8 weights, one scale per tensor).
 
     MatMulConstBOnly keeps attention's activation x activation products in float. DynamicQuantizeLinear picks one
     scale per tensor over the whole batch, so an int8 row's logits depend (slightly) on its batch mates.
+    Only MatMul is quantised: a quantised embedding Gather made the tied output projection dequantize the whole
+    table at every step. Transposed weights are folded first, so that projection is quantised too.
     """
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
+    model = onnx.load(str(src))
+    _fold_weight_transposes(model.graph)
     root = logging.getLogger()
     level = root.level
     root.setLevel(logging.ERROR)  # the quantiser logs a pre-processing hint on the root logger for every graph
     try:
-        # DefaultTensorType: ONNX shape inference cannot type the outputs of com.microsoft ops (decoder_inplace)
-        quantize_dynamic(src, dst, weight_type=QuantType.QInt8,
-                         extra_options={"MatMulConstBOnly": True, "DefaultTensorType": onnx.TensorProto.FLOAT})
+        with tempfile.TemporaryDirectory() as tmp:
+            folded = Path(tmp) / "folded.onnx"
+            onnx.save(model, str(folded))
+            # DefaultTensorType: ONNX shape inference cannot type the outputs of com.microsoft ops (decoder_inplace)
+            quantize_dynamic(folded, dst, weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul"],
+                             extra_options={"MatMulConstBOnly": True, "DefaultTensorType": onnx.TensorProto.FLOAT})
     finally:
         root.setLevel(level)
+
+
+def _fold_weight_transposes(graph) -> None:
+    """MatMul(x, Transpose(W)) with W an initializer -> MatMul(x, W^T) with W^T an initializer of its own (the
+    exporter writes the tied output projection that way; the quantiser takes only a constant B)."""
+    from onnx import numpy_helper
+
+    inits = {t.name: t for t in graph.initializer}
+    transposed = {n.output[0]: n for n in graph.node if n.op_type == "Transpose" and n.input[0] in inits}
+    for node in graph.node:
+        if node.op_type == "MatMul" and node.input[1] in transposed:
+            source = transposed[node.input[1]]
+            perm = next((list(a.ints) for a in source.attribute if a.name == "perm"), None)
+            weight = numpy_helper.to_array(inits[source.input[0]])
+            name = f"{source.input[0]}.transposed"
+            if name not in inits:
+                inits[name] = numpy_helper.from_array(np.ascontiguousarray(weight.transpose(perm)), name)
+                graph.initializer.append(inits[name])
+            node.input[1] = name
+    used = {i for n in graph.node for i in n.input}
+    for out, node in transposed.items():  # a Transpose nobody reads any more
+        if out not in used and out not in {o.name for o in graph.output}:
+            graph.node.remove(node)
 
 
 def make_fp16(src: Path, dst: Path) -> None:
