@@ -19,7 +19,7 @@ ENV_PREFIX = "SEQSERVE_"
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 DEFAULT_MAX_NEW_TOKENS = 64  # used when a request leaves max_new_tokens unset (clipped to the cap)
 MIN_TOKEN_CHARS = 16  # shorter bearer tokens are refused at start: they could be guessed
-MiB = 1 << 20
+KiB, MiB = 1 << 10, 1 << 20
 
 
 class SettingsError(ValueError):
@@ -76,8 +76,9 @@ class Settings:
     max_stop_strings: int = _opt(8, "most stop strings in one request", type=int)
     max_stop_string_bytes: int = _opt(256, "longest stop string in UTF-8 bytes", type=int)
     max_stop_bytes: int = _opt(1024, "all stop strings of one request together, in UTF-8 bytes", type=int)
-    max_receive_message_bytes: int = _opt(1 * MiB, "largest request message gRPC accepts (larger ones get "
-                                                   "RESOURCE_EXHAUSTED before they are decoded)", type=int)
+    max_receive_message_bytes: int = _opt(256 * KiB, "largest request message gRPC accepts (larger ones get "
+                                                     "RESOURCE_EXHAUSTED before they are decoded); it bounds what "
+                                                     "each concurrent call can make the server hold", type=int)
     max_inflight_bytes: int = _opt(32 * MiB, "request payload bytes held by all calls in flight, queued or running "
                                              "(a running row keeps its request too); a call beyond it gets "
                                              "RESOURCE_EXHAUSTED", type=int)

@@ -49,7 +49,7 @@ def test_flags_beat_environment_beat_defaults(tiny_bundle):
     (("--max-receive-message-bytes", "100"), {}, "--max-receive-message-bytes / SEQSERVE_MAX_RECEIVE_MESSAGE_BYTES "
                                                  "must be in [1024, inf]"),
     (("--max-inflight-bytes", "2048"), {}, "--max-receive-message-bytes / SEQSERVE_MAX_RECEIVE_MESSAGE_BYTES "
-                                           "(1048576) exceeds --max-inflight-bytes"),
+                                           "(262144) exceeds --max-inflight-bytes"),
     (("--max-stop-bytes", "0"), {}, "--max-stop-bytes / SEQSERVE_MAX_STOP_BYTES must be in [1, inf], got 0"),
 ])
 def test_invalid_settings_name_the_flag_and_the_variable(tiny_bundle, argv, env, message):
