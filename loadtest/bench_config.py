@@ -83,8 +83,8 @@ class BenchConfig:
 
     def command(self, max_new_tokens: int, min_new_tokens: int) -> str:
         """The exact command with every setting resolved, so a reader can rerun the same benchmark."""
-        parts = ["seqserve", "bench", "--shape", self.shape]
-        parts += ["--checkpoint", str(self.checkpoint)] if self.checkpoint else []
+        parts = ["seqserve", "bench", *(["--checkpoint", str(self.checkpoint)] if self.checkpoint else [])]
+        parts += ["--shape", self.shape]
         parts += ["--bundle", str(self.bundle)] if self.bundle else []
         parts += ["--seed", str(self.seed)] if self.random else []
         parts += ["--shape-dir", str(self.shape_dir)] if self.shape_dir else []

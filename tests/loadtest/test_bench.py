@@ -158,7 +158,7 @@ def test_step_profile_times_every_operation_and_leaves_the_runner_empty(tiny_bun
     runner = Runner(tiny_bundle, RuntimeConfig(device="cpu", intra_op_threads=1))
     ms = profile(runner, 3)
     assert set(ms) == {"step", "encode_batch", "one_leaves", "one_joins"} and all(v > 0 for v in ms.values())
-    assert runner.rows == [] and runner.cache.batch == 0
+    assert runner.slots.n_live == 0 and runner.slots.hi == 0 and runner.nbytes == 0  # left empty (was runner.rows)
     assert step_profile([str(tiny_bundle), "--batch-sizes", "1,2", "--threads", "1"]) == 0
     assert [line.split(":")[0] for line in capsys.readouterr().out.splitlines()[1:]] == ["batch    1", "batch    2"]
 
