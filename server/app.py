@@ -153,11 +153,12 @@ class App:
         log.info("draining: health NOT_SERVING, refusing new calls, waiting up to %.1fs for in-flight ones", grace)
         await self.health.enter_graceful_shutdown()
         self.service.begin_drain()
-        finished = await self.service.wait_idle(grace)
+        inflight = self.service.inflight
+        finished = await inflight.wait_idle(grace)
         if not finished:
-            aborted = self.service.abort_in_flight()
+            aborted = inflight.abort()
             log.warning("grace period of %.1fs over: %d calls still in flight get UNAVAILABLE", grace, aborted)
-            if not await self.service.wait_idle(ABORT_SECONDS):
+            if not await inflight.wait_idle(ABORT_SECONDS):
                 log.error("calls still in flight %.1fs after their abort: server.stop cancels them", ABORT_SECONDS)
         await self._refuse_backlog()
         await self.close(grace=FLUSH_SECONDS)
@@ -167,12 +168,12 @@ class App:
         """gRPC may hold calls it accepted but has not handed to the service yet (a busy event loop takes them one
         at a time), and server.stop would end those CANCELLED. So the server keeps answering, each such call gets
         UNAVAILABLE at once, until none arrived for QUIET_SECONDS (at most BACKLOG_SECONDS)."""
-        end = time.monotonic() + BACKLOG_SECONDS
+        inflight, end = self.service.inflight, time.monotonic() + BACKLOG_SECONDS
         while time.monotonic() < end:
-            await self.service.wait_idle(max(0.0, end - time.monotonic()))
+            await inflight.wait_idle(max(0.0, end - time.monotonic()))
             quiet_since = time.monotonic()  # a loop busy with aborts hands over no call: only count from idle
             await asyncio.sleep(QUIET_SECONDS)
-            if self.service.last_call_at < quiet_since and await self.service.wait_idle(0):  # nothing came
+            if inflight.last_arrival < quiet_since and not inflight:  # nothing came, nothing is left
                 return
 
     async def close(self, grace: float = 0) -> None:

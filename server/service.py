@@ -17,6 +17,7 @@ import time
 import grpc
 
 from seqserve.server.handlers import Undecodable, add_generation_service
+from seqserve.server.inflight import Call, InFlight
 from seqserve.server.metrics import Metrics
 from seqserve.server.outbox import Outbox
 from seqserve.server.request import Event, FinishReason, Request, SamplingParams, Sequence
@@ -70,23 +71,6 @@ def _beam_params(o: pb.DecodingOptions, limits: Limits, repetition_penalty: floa
                 early_stopping=o.early_stopping, return_logprobs=o.return_logprobs, top_logprobs=o.top_logprobs)
 
 
-class _Call:
-    """One RPC: its deadline and the Requests it submitted, each with the queue its events arrive on."""
-
-    def __init__(self, context: grpc.aio.ServicerContext) -> None:
-        remaining = context.time_remaining()
-        self.deadline = None if remaining is None else time.monotonic() + remaining
-        self.rows: list[tuple[Request, asyncio.Queue]] = []
-        self.bytes = 0  # its request's payload, counted against max_inflight_bytes while the call lasts
-
-    def release(self) -> None:
-        """The call ended: rows still in flight leave the batch (expired ones the engine ends as DEADLINE)."""
-        now = time.monotonic()
-        for request, _ in self.rows:
-            if not request.expired(now):
-                request.cancel()
-
-
 class GenerationService(pb_grpc.GenerationServicer):
     def __init__(self, metrics: Metrics) -> None:
         self.metrics = metrics
@@ -94,12 +78,7 @@ class GenerationService(pb_grpc.GenerationServicer):
         self._max_chars = 0  # inputs longer than this cannot fit max_input_tokens: refused before tokenising
         self.outbox: Outbox | None = None  # the engine's events for this event loop
         self.draining = False
-        self._inflight = 0
-        self._calls: set[_Call] = set()  # every call in flight (drain aborts them)
-        self.last_call_at = float("-inf")  # time.monotonic() of the latest call's arrival (drain waits for quiet)
-        self._inflight_bytes = 0
-        self._idle = asyncio.Event()
-        self._idle.set()
+        self.inflight = InFlight(metrics)
 
     def open(self, engine, tokenizer, limits: Limits, model: dict) -> None:
         """Starts answering generation calls (the app calls it once the model is loaded and warmed up)."""
@@ -118,31 +97,12 @@ class GenerationService(pb_grpc.GenerationServicer):
         """New calls get UNAVAILABLE from now on; calls already in flight carry on."""
         self.draining = True
 
-    def abort_in_flight(self) -> int:
-        """The grace period is over: every call still in flight ends UNAVAILABLE (never CANCELLED, which clients
-        do not retry), its rows leave the engine. Returns how many calls there were."""
-        for call in self._calls:
-            for row, queue in call.rows:
-                row.cancel()
-                queue.put_nowait(Event(finish_reason=FinishReason.CANCELLED))  # read as "the server stopped"
-        return len(self._calls)
-
-    async def wait_idle(self, timeout: float) -> bool:
-        """True once no call is in flight, False if the timeout came first."""
-        if self._idle.is_set():  # wait_for with timeout 0 would time out before even looking
-            return True
-        try:
-            await asyncio.wait_for(self._idle.wait(), timeout)
-            return True
-        except TimeoutError:
-            return False
-
     @contextlib.asynccontextmanager
     async def _call(self, method: str, context: grpc.aio.ServicerContext, request, timed: bool = True):
         """Every RPC runs inside this: admission, counting, the status code, and releasing its rows. The call
         counts as in flight until its status is sent, so a drain waits for the status, not just the handler."""
-        start, call, code, message = time.monotonic(), _Call(context), Code.OK, ""
-        self._enter(call)
+        start, call, code, message = time.monotonic(), Call(context), Code.OK, ""
+        self.inflight.enter(call)
         try:
             try:
                 self._admit(call, method, request)
@@ -166,23 +126,9 @@ class GenerationService(pb_grpc.GenerationServicer):
             if code is not Code.OK:
                 await context.abort(code, message)
         finally:
-            self._leave(call)
+            self.inflight.leave(call)
 
-    def _enter(self, call: _Call) -> None:
-        self.last_call_at = time.monotonic()
-        self._inflight += 1
-        self._calls.add(call)
-        self._idle.clear()
-
-    def _leave(self, call: _Call) -> None:
-        self._calls.discard(call)
-        self._inflight_bytes -= call.bytes
-        self.metrics.inflight_bytes.set(self._inflight_bytes)
-        self._inflight -= 1
-        if self._inflight == 0:
-            self._idle.set()
-
-    def _admit(self, call: _Call, method: str, request) -> None:
+    def _admit(self, call: Call, method: str, request) -> None:
         """Refuses a call before any work: the server is not ready or draining, the request could not be decoded,
         or its bytes would take the calls in flight beyond max_inflight_bytes."""
         if self.draining or self.engine is None:
@@ -194,13 +140,10 @@ class GenerationService(pb_grpc.GenerationServicer):
             raise Rejected(Code.INVALID_ARGUMENT, f"the request is not a valid {method} message: {request.reason}",
                            "undecodable")
         size, most = request.ByteSize(), self.limits.max_inflight_bytes
-        if self._inflight_bytes + size > most:
-            raise Rejected(Code.RESOURCE_EXHAUSTED, f"too many request bytes in flight: {self._inflight_bytes} held "
+        if not self.inflight.hold(call, size, most):
+            raise Rejected(Code.RESOURCE_EXHAUSTED, f"too many request bytes in flight: {self.inflight.bytes} held "
                                                     f"and this call has {size} (max_inflight_bytes={most})",
                            "inflight_bytes")
-        call.bytes = size
-        self._inflight_bytes += size
-        self.metrics.inflight_bytes.set(self._inflight_bytes)
 
     async def Generate(self, request: pb.GenerateRequest, context) -> pb.GenerateResponse:
         async with self._call("Generate", context, request) as call:
@@ -279,7 +222,7 @@ class GenerationService(pb_grpc.GenerationServicer):
                     top_k=o.top_k, top_p=float(top_p), repetition_penalty=float(penalty), stop=tuple(o.stop),
                     seed=o.seed if o.HasField("seed") else None, **_beam_params(o, self.limits, penalty))
 
-    def _new_request(self, call: _Call, text: str, field: str, params: dict, stream: bool) -> Request:
+    def _new_request(self, call: Call, text: str, field: str, params: dict, stream: bool) -> Request:
         _check(text.strip() != "", f"{field} must not be empty or whitespace")
         most = self.limits.max_input_tokens
         _check(len(text) <= self._max_chars, f"{field} has {len(text)} characters, more than "
@@ -296,7 +239,7 @@ class GenerationService(pb_grpc.GenerationServicer):
             self.outbox = Outbox(asyncio.get_running_loop())
         return self.outbox
 
-    def _submit(self, call: _Call, rows: list[Request]) -> None:
+    def _submit(self, call: Call, rows: list[Request]) -> None:
         """Queues every row or none: a call the queue cannot take whole gets RESOURCE_EXHAUSTED at once."""
         scheduler = self.engine.scheduler
         free = scheduler.cfg.max_waiting - scheduler.n_waiting  # only this loop adds, so it can only grow meanwhile

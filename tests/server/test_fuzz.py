@@ -160,7 +160,7 @@ def test_fuzzed_calls_end_in_documented_statuses_and_leave_the_server_idle(fuzz_
     assert health.status == health_pb2.HealthCheckResponse.SERVING
     for gauge in GAUGES:
         wait_for(lambda: fuzz_server.metric(gauge) == 0, what=f"{gauge} back to 0")
-    assert fuzz_server.app.service._inflight == 0
+    assert len(fuzz_server.app.service.inflight) == 0
 
 
 def test_undecodable_requests_are_invalid_argument_counted_and_logged_once(fuzz_server, caplog):

@@ -1,0 +1,86 @@
+"""The calls in flight: each call's deadline, rows and request bytes, and what the drain needs (idle, abort).
+
+A call is in flight from the moment its handler starts until its status is sent, queued or running alike; its
+request's bytes count against max_inflight_bytes for all that time (a running row keeps its request too).
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+
+import grpc
+
+from seqserve.server.metrics import Metrics
+from seqserve.server.request import Event, FinishReason, Request
+
+
+class Call:
+    """One RPC: its deadline, its request's bytes, and the Requests it submitted with the queue of each."""
+
+    def __init__(self, context: grpc.aio.ServicerContext) -> None:
+        remaining = context.time_remaining()
+        self.deadline = None if remaining is None else time.monotonic() + remaining
+        self.rows: list[tuple[Request, asyncio.Queue]] = []
+        self.bytes = 0  # its request's payload, held against max_inflight_bytes while the call lasts
+
+    def release(self) -> None:
+        """The call ended: rows still in flight leave the batch (expired ones the engine ends as DEADLINE)."""
+        now = time.monotonic()
+        for request, _ in self.rows:
+            if not request.expired(now):
+                request.cancel()
+
+
+class InFlight:
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+        self.calls: set[Call] = set()
+        self.bytes = 0  # request bytes held by the calls in flight
+        self.last_arrival = float("-inf")  # time.monotonic() of the latest call's start (the drain waits for quiet)
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    def __len__(self) -> int:
+        return len(self.calls)
+
+    def enter(self, call: Call) -> None:
+        self.last_arrival = time.monotonic()
+        self.calls.add(call)
+        self._idle.clear()
+
+    def hold(self, call: Call, size: int, most: int) -> bool:
+        """Holds the call's request bytes; False (nothing held) when they would take the total beyond most."""
+        if self.bytes + size > most:
+            return False
+        call.bytes = size
+        self._add(size)
+        return True
+
+    def leave(self, call: Call) -> None:
+        self.calls.discard(call)
+        self._add(-call.bytes)
+        if not self.calls:
+            self._idle.set()
+
+    def _add(self, size: int) -> None:
+        self.bytes += size
+        self.metrics.inflight_bytes.set(self.bytes)
+
+    def abort(self) -> int:
+        """Every call still in flight ends UNAVAILABLE (the service reads a CANCELLED finish of a live call as
+        "the server stopped"); its rows leave the engine. Returns how many calls there were."""
+        for call in self.calls:
+            for row, queue in call.rows:
+                row.cancel()
+                queue.put_nowait(Event(finish_reason=FinishReason.CANCELLED))
+        return len(self.calls)
+
+    async def wait_idle(self, timeout: float) -> bool:
+        """True once no call is in flight, False if the timeout came first."""
+        if self._idle.is_set():  # wait_for with timeout 0 would time out before even looking
+            return True
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+            return True
+        except TimeoutError:
+            return False
