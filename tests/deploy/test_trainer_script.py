@@ -17,11 +17,25 @@ from seqserve.checks.verify import is_verified
 SCRIPT = DEPLOY / "bundle.sh"
 
 
-def _run(artifacts: Path, mode: str, timeout: float, **variables) -> subprocess.CompletedProcess:
+SERVE_IMAGE_LACKS = ("torch", "onnx", "onnxscript", "safetensors", "sacrebleu", "matplotlib", "locust")
+
+
+def _run(artifacts: Path, mode: str, timeout: float, python_path: str = "", **variables) -> subprocess.CompletedProcess:
     bin_dir = str(Path(sys.executable).parent)  # seqserve and python, as on the image's PATH
     env = os.environ | {"PATH": bin_dir + os.pathsep + os.environ["PATH"], "SEQSERVE_ARTIFACTS": str(artifacts)}
     env |= {f"SEQSERVE_{k.upper()}": v for k, v in variables.items()}
+    if python_path:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [python_path, os.environ.get("PYTHONPATH")]))
     return subprocess.run(["sh", str(SCRIPT), mode], capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def _serve_image_python(tmp_path: Path) -> str:
+    """A PYTHONPATH entry on which the train and loadtest extras cannot be imported, as in the serve image."""
+    blocked = tmp_path / "serve-image"
+    blocked.mkdir()
+    for name in SERVE_IMAGE_LACKS:
+        (blocked / f"{name}.py").write_text(f"raise ImportError('{name} is not in the serve image')\n")
+    return str(blocked)
 
 
 @pytest.fixture
@@ -34,15 +48,16 @@ def artifacts(tiny_checkpoint, tiny_bundle, tmp_path) -> Path:
     return tmp_path
 
 
-def test_wait_blocks_until_the_bundle_is_verified_and_build_then_skips(artifacts):
+def test_wait_blocks_until_the_bundle_is_verified_and_build_then_skips(artifacts, tmp_path_factory):
+    serve_image = _serve_image_python(tmp_path_factory.mktemp("python"))  # `wait` runs in the serve image
     with pytest.raises(subprocess.TimeoutExpired) as waited:  # the server pods' init container keeps waiting
-        _run(artifacts, "wait", timeout=3)
+        _run(artifacts, "wait", timeout=6, python_path=serve_image)
     assert "waiting for a verified bundle" in (waited.value.stdout or b"").decode()
     verified = subprocess.run([sys.executable, "-m", "seqserve.cli", "verify", str(artifacts / "bundle"), "--quiet",
                                "--quality-n", "20"], capture_output=True, text=True, timeout=300)
     assert verified.returncode == 0, verified.stdout + verified.stderr
     assert is_verified(artifacts / "bundle")
-    assert _run(artifacts, "wait", timeout=60).returncode == 0
+    assert _run(artifacts, "wait", timeout=60, python_path=serve_image).returncode == 0
     files = {p: p.stat().st_mtime_ns for p in (artifacts / "bundle").iterdir()}
     skipped = _run(artifacts, "build", timeout=60)  # `docker compose up` again: the trainer exits at once
     assert skipped.returncode == 0 and "nothing to do" in skipped.stdout, skipped.stdout + skipped.stderr
