@@ -151,7 +151,8 @@ def references(specs: list[RowSpec]) -> dict[int, RowSpec]:
     refs = {}
     for width in sorted({s.num_beams for s in specs}):
         rows = [s for s in specs if s.num_beams == width and s.precision == "fp32"]
-        backend = next(b for b in (PYTORCH_KV_CACHE, GRAPH_LOOP, ENGINE, CTRANSLATE2) if any(s.backend == b for s in rows))
+        present = {s.backend for s in rows}
+        backend = next(b for b in (PYTORCH_KV_CACHE, GRAPH_LOOP, ENGINE, CTRANSLATE2) if b in present)
         refs[width] = min((s for s in rows if s.backend == backend), key=lambda s: s.batch_size)
     return refs
 

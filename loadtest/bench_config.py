@@ -140,7 +140,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="engine and graph-loop rows: inplace (decoder_inplace) or concat (decoder) graph; auto = "
                         "inplace when the bundle has it and the provider is the CPU")
     p.add_argument("--threads", type=int, default=1, help=THREADS_HELP)
-    p.add_argument("--device", choices=DEVICES, default="cpu", help="every backend (PyTorch: cuda only if torch sees a GPU)")
+    p.add_argument("--device", choices=DEVICES, default="cpu",
+                   help="every backend (PyTorch: cuda only if torch sees a GPU)")
     p.add_argument("--no-ctranslate2", dest="ctranslate2", action="store_false", help="skip the CTranslate2 rows")
     p.add_argument("--ctranslate2", dest="ctranslate2_dir", metavar="DIR",
                    help="reuse a model converted by `seqserve export --ctranslate2 DIR` (default: convert on the fly)")

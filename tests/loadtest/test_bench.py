@@ -132,7 +132,8 @@ def test_identical_share_counts_inputs_equal_to_the_reference():
 
 
 def test_each_device_benchmarks_its_own_precisions():
-    """int8 is a CPU variant and fp16 a GPU one: a row is planned only where it means something and the bundle has it."""
+    """int8 is a CPU variant and fp16 a GPU one: a row is planned only where it means something and the bundle has
+    it."""
     from pathlib import Path
 
     from seqserve.loadtest.bench import plan
