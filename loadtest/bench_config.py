@@ -15,7 +15,7 @@ DEFAULT_N = 256
 DEFAULT_NUM_BEAMS = 4
 SHAPE_NAMES = ("default", "base", "small")  # default = the given checkpoint; the others: loadtest/shapes.py SHAPES
 FORCED_TOKENS = 32  # base/small: every backend generates exactly this many tokens per input (random weights)
-KV_CACHES = ("auto", "inplace", "concat")  # server/runner.py's choices, named as `seqserve serve --kv-cache`
+KV_CACHES = ("auto", "inplace", "concat")  # server/runner.py KV_CACHES (stdlib here: a test keeps them equal)
 THREADS_HELP = ("intra-op threads for every backend (default 1: more threads than free cores made a row 30x slower "
                 "on a busy 2-core machine, issue 9; raise it only on a quiet machine with that many free cores)")
 
@@ -32,7 +32,7 @@ class BenchConfig:
     min_new_tokens: int | None = None  # None = 0 on default, max_new_tokens on base/small (forced length)
     num_beams: int = DEFAULT_NUM_BEAMS  # beam rows' width (engine and CTranslate2); 1 = no beam rows
     beam_batch_sizes: tuple[int, ...] = DEFAULT_BEAM_BATCH_SIZES
-    kv_cache: str = "auto"  # engine and graph-loop rows: which decoder graph (the server's --kv-cache)
+    kv_cache: str = "auto"  # engine and graph-loop rows: which decoder graph (Runner kv_cache)
     threads: int = 1  # intra-op threads, the same for every backend (THREADS_HELP says why 1)
     device: str = "cpu"  # every backend; PyTorch rows run on CUDA when torch sees a GPU, else on the CPU
     seed: int = 0  # base/small: weights and sources
