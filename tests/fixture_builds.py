@@ -32,7 +32,7 @@ KEEP = os.environ.get("SEQSERVE_TEST_ARTIFACTS")
 # threads that outnumber the free cores made training the tiny model ten times slower there).
 THREADS = int(os.environ.get("SEQSERVE_TEST_THREADS") or 1)
 BUILD_TIMEOUT_S = float(os.environ.get("SEQSERVE_TEST_BUILD_TIMEOUT") or 1800)
-_TAIL = 3000  # characters of a failed build's output shown in the error
+_TAIL_LINES = 30  # of a failed build's output, shown in the error
 _EXPORT_FP32 = "import sys; from seqserve.export.bundle import export_fp32; export_fp32(sys.argv[1], sys.argv[2])"
 
 
@@ -105,32 +105,34 @@ class SharedArtifacts:
         out.mkdir(parents=True, exist_ok=True)
         report(f"shared fixture {name}: {build.what} (budget {BUILD_TIMEOUT_S:.0f} s, SEQSERVE_TEST_BUILD_TIMEOUT)")
         started = time.monotonic()
-        error = _run(build.command(out, needed))
+        error, output = _run(build.command(out, needed))
         seconds = time.monotonic() - started
         if error is None and not (out / build.written_last).is_file():
-            error = f"it exited 0 but wrote no {build.written_last}"
+            error = f"exited 0 but wrote no {build.written_last}"
         if error is None:
             report(f"shared fixture {name}: built in {seconds:.0f} s -> {out}")
             self.built[name] = out
         else:
-            self.failed[name] = f"{build.what} for the shared fixture {name} {error} after {seconds:.0f} s"
+            ended = f"; its output ended with:\n{output}\n" if output else ""
+            self.failed[name] = f"{build.what} for the shared fixture {name} {error} after {seconds:.0f} s{ended}"
 
     def cleanup(self) -> None:
         shutil.rmtree(self.scratch, ignore_errors=True)
 
 
-def _run(command: list[str]) -> str | None:
-    """None on success, else what went wrong ("timed out" / "failed with exit code N: output tail")."""
+def _run(command: list[str]) -> tuple[str | None, str]:
+    """(None on success, else what went wrong: "timed out ..." / "failed with exit code N"; its output's last lines)."""
     env = {**os.environ, **({"OMP_NUM_THREADS": str(THREADS)} if THREADS else {})}
     try:
         done = subprocess.run(command, env=env, timeout=BUILD_TIMEOUT_S, capture_output=True, text=True)
     except subprocess.TimeoutExpired:  # subprocess.run kills the child before raising
-        return f"timed out (SEQSERVE_TEST_BUILD_TIMEOUT={BUILD_TIMEOUT_S:.0f} s)"
+        return f"timed out (SEQSERVE_TEST_BUILD_TIMEOUT={BUILD_TIMEOUT_S:.0f} s)", ""
+    tail = "\n".join((done.stdout + done.stderr).splitlines()[-_TAIL_LINES:])
     if done.returncode < 0:
-        return f"was killed by {signal.Signals(-done.returncode).name}: {(done.stdout + done.stderr)[-_TAIL:]}"
+        return f"was killed by {signal.Signals(-done.returncode).name}", tail
     if done.returncode != 0:
-        return f"failed with exit code {done.returncode}: {(done.stdout + done.stderr)[-_TAIL:]}"
-    return None
+        return f"failed with exit code {done.returncode}", tail
+    return None, tail
 
 
 def fixture_directory(config: pytest.Config, name: str) -> Path:

@@ -52,7 +52,7 @@ def test_a_build_counts_only_once_its_last_file_is_written(monkeypatch, tmp_path
     partial = Scripted("training the model", "ckpt", "metrics.json", None, True,
                        code="import pathlib, sys; (pathlib.Path(sys.argv[1]) / 'model.safetensors').write_text('')")
     artifacts = _artifacts(monkeypatch, tmp_path, model=partial)
-    with pytest.raises(fb.BuildFailed, match="exited 0 but wrote no metrics.json"):
+    with pytest.raises(fb.BuildFailed, match="model exited 0 but wrote no metrics.json"):
         artifacts.get("model", report=lambda line: None)
     artifacts = _artifacts(monkeypatch, tmp_path, model=Scripted("training", "ckpt", "metrics.json", None, True,
                                                                  code=code))
