@@ -18,6 +18,9 @@ ENCODER, DECODER, DECODER_INPLACE = "encoder", "decoder", "decoder_inplace"
 GRAPHS = (ENCODER, DECODER)  # every bundle has these; decoder is the plain-ONNX step (concatenated K/V cache)
 OPTIONAL_GRAPHS = (DECODER_INPLACE,)  # in-place K/V cache with com.microsoft contrib ops (a bundle may lack it)
 ALL_GRAPHS = GRAPHS + OPTIONAL_GRAPHS
+# Which decoder graph the engine runs: inplace (decoder_inplace), concat (decoder), or auto: inplace when the bundle
+# has it and the provider is the CPU (onnxruntime's CUDA GroupQueryAttention takes only fp16/bf16).
+KV_CACHES = ("auto", "inplace", "concat")
 # A decoder entry's manifest "kv_cache": concat = present is past plus a column (a new tensor every step);
 # inplace = present is bound to past's own buffer, which the step writes one column of.
 KV_CONCAT, KV_INPLACE = "concat", "inplace"

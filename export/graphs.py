@@ -33,11 +33,12 @@ class DecoderStepGraph(nn.Module):
         position_ids: torch.Tensor,  # (B, 1)
         decoder_attention_mask: torch.Tensor,  # (B, P+1)
         encoder_attention_mask: torch.Tensor,  # (B, S)
-        *kv: torch.Tensor,  # n_layers x (past K, past V) (B, H, P, Dh), then n_layers x (cross K, cross V) (B, H, S, Dh)
+        *kv: torch.Tensor,  # n_layers x (past K, V) (B, H, P, Dh), then n_layers x (cross K, V) (B, H, S, Dh)
     ) -> tuple[torch.Tensor, ...]:
         n = self.n_layers
         past = [(kv[2 * i], kv[2 * i + 1]) for i in range(n)]
         cross = [(kv[2 * n + 2 * i], kv[2 * n + 2 * i + 1]) for i in range(n)]
         logits, present = self.model.decode(input_ids, position_ids, decoder_attention_mask, encoder_attention_mask,
                                             cross, past, causal=False)
-        return (logits[:, -1].float(),) + tuple(t for kv_pair in present for t in kv_pair)  # (B, V), then (B, H, P+1, Dh)
+        # (B, V), then (B, H, P+1, Dh) per layer and kind
+        return (logits[:, -1].float(),) + tuple(t for kv_pair in present for t in kv_pair)

@@ -52,8 +52,8 @@ def export_decoder(model: Transformer, path: Path) -> None:
     cfg = model.cfg
     batch, src, past = _dims(cfg)
     b, s, p, n = EXAMPLE_BATCH, EXAMPLE_SRC, EXAMPLE_PAST, cfg.n_decoder_layers
-    kv_past = tuple(torch.randn(b, cfg.n_heads, p, cfg.head_dim) for _ in range(2 * n))  # (batch, heads, past_len, head_dim)
-    kv_cross = tuple(torch.randn(b, cfg.n_heads, s, cfg.head_dim) for _ in range(2 * n))  # (batch, heads, src_len, head_dim)
+    kv_past = tuple(torch.randn(b, cfg.n_heads, p, cfg.head_dim) for _ in range(2 * n))  # (batch, heads, past, Dh)
+    kv_cross = tuple(torch.randn(b, cfg.n_heads, s, cfg.head_dim) for _ in range(2 * n))  # (batch, heads, src, Dh)
     args = (torch.randint(4, cfg.vocab_size, (b, 1)), torch.full((b, 1), p), torch.ones(b, p + 1, dtype=torch.int64),
             torch.ones(b, s, dtype=torch.int64), *kv_past, *kv_cross)
     shapes = ({0: batch}, {0: batch}, {0: batch, 1: past + 1}, {0: batch, 1: src},

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from seqserve.contract.devices import DEVICES
+from seqserve.contract.names import KV_CACHES
 
 DEFAULT_BATCH_SIZES = (1, 8, 32, 64)
 DEFAULT_BEAM_BATCH_SIZES = (1, 16)  # sources per batch; at width 4, batch 16 is 64 decoder rows
@@ -15,7 +16,6 @@ DEFAULT_N = 256
 DEFAULT_NUM_BEAMS = 4
 SHAPE_NAMES = ("default", "base", "small")  # default = the given checkpoint; the others: loadtest/shapes.py SHAPES
 FORCED_TOKENS = 32  # base/small: every backend generates exactly this many tokens per input (random weights)
-KV_CACHES = ("auto", "inplace", "concat")  # server/runner.py KV_CACHES (stdlib here: a test keeps them equal)
 THREADS_HELP = ("intra-op threads for every backend (default 1: more threads than free cores made a row 30x slower "
                 "on a busy 2-core machine, issue 9; raise it only on a quiet machine with that many free cores)")
 

@@ -116,7 +116,7 @@ class App:
         runtime = RuntimeConfig(device=s.device, intra_op_threads=s.intra_op_threads,
                                 inter_op_threads=s.inter_op_threads, allow_spinning=s.allow_spinning,
                                 cuda_tf32=s.cuda_tf32)
-        runner = Runner(s.bundle, runtime, s.variant, capacity=s.max_batch_size)
+        runner = Runner(s.bundle, runtime, s.variant, capacity=s.max_batch_size, kv_cache=s.kv_cache)
         scheduler = Scheduler(SchedulerConfig(s.max_batch_size, s.max_waiting, s.max_kv_tokens, s.encode_batch,
                                               s.max_encoded_bytes, runner.cross_bytes_per_token))
         engine = Engine(runner, tokenizer, scheduler, self.metrics)

@@ -20,7 +20,6 @@ from seqserve.server.request import Request
 from seqserve.server.slots import Slots
 
 DEFAULT_CAPACITY = 256  # rows the slot map holds; the scheduler's max_batch_size must not exceed it
-KV_CACHES = ("auto", "inplace", "concat")  # auto: inplace when the bundle has decoder_inplace and it runs on the CPU
 
 
 def choose_cache(kind: str, variant_files: dict, provider_device: str) -> str:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from seqserve.contract.devices import DEVICES
 from seqserve.contract.manifest import VARIANTS
+from seqserve.contract.names import KV_CACHES
 
 ENV_PREFIX = "SEQSERVE_"
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
@@ -53,6 +54,9 @@ class Settings:
     reflection: bool = _opt(True, "serve gRPC reflection (grpcurl list/describe); needs a token when auth is on",
                             type=bool)
     variant: str = _opt("fp32", "precision variant of the bundle to serve", choices=VARIANTS)
+    kv_cache: str = _opt("auto", "decoder graph and KV cache: inplace (decoder_inplace.onnx, K/V written in place), "
+                                 "concat (plain decoder.onnx), auto = inplace when the bundle has it on the CPU",
+                         choices=KV_CACHES)
     device: str = _opt("auto", "onnxruntime execution provider: auto = CUDA when it works, else CPU",
                        choices=DEVICES)
     intra_op_threads: int = _opt(0, "onnxruntime intra-op threads (0 = one per core)", type=int)
@@ -119,7 +123,8 @@ class Settings:
                 yield (f"{_names(small)} ({getattr(self, small)}) exceeds {_names(large)} ({getattr(self, large)}): "
                        f"{why}")
         yield from self._security_problems()
-        for name, choices in (("variant", VARIANTS), ("device", DEVICES), ("log_level", LOG_LEVELS)):
+        for name, choices in (("variant", VARIANTS), ("kv_cache", KV_CACHES), ("device", DEVICES),
+                              ("log_level", LOG_LEVELS)):
             if getattr(self, name) not in choices:
                 yield f"{_names(name)} must be one of {choices}, got {getattr(self, name)!r}"
 

@@ -17,8 +17,8 @@ def heldout(tiny_bundle) -> list[tuple[str, str]]:
 def reference(tiny_checkpoint, served):
     """source -> (token ids, text) of PyTorch's reference greedy decoding at the server's default max_new_tokens.
 
-    The oracle for the server's greedy outputs (docs/architecture.md, oracles 2 and 3): the tiny model copies most held-out
-    lines but not all, so its held-out targets are not.
+    The oracle for the server's greedy outputs (docs/architecture.md, oracles 2 and 3): the tiny model copies most
+    held-out lines but not all, so its held-out targets are not.
     """
     from seqserve.model.checkpoint import load_checkpoint
     from seqserve.model.decoding import greedy_decode

@@ -121,5 +121,6 @@ def test_rows_and_cache_return_to_idle_after_beams_including_cancelled(make_serv
     wait_for(lambda: s.metric("seqserve_kv_cache_bytes") == 0, what="their cache freed")
     s.slow_down(0)
     done = s.stub.Generate(request(heldout[1][0], max_new_tokens=MAX_NEW, num_beams=4), timeout=60)
-    assert done.sequences and s.metric("seqserve_running_requests") == 0
+    assert done.sequences
+    wait_for(lambda: s.metric("seqserve_running_requests") == 0, what="the finished beams to leave")
     assert s.metric("seqserve_finished_requests_total", reason="cancelled") == 1
