@@ -19,7 +19,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
-from seqserve.contract.integrity import open_bundle
+from seqserve.contract.integrity import check_graphs, open_bundle
 from seqserve.server.auth import TokenAuth
 from seqserve.server.device import RuntimeConfig
 from seqserve.server.engine import Engine
@@ -111,7 +111,9 @@ class App:
     def _load(self):
         """Runs in a worker thread: onnxruntime sessions, tokenizer, engine, one warm-up generation."""
         s = self.settings
-        manifest, tokenizer = open_bundle(s.bundle)  # the Runner checks its graphs against the manifest
+        manifest, tokenizer = open_bundle(s.bundle)
+        if s.variant in manifest.variants:  # probed on CPU too: an out-of-range gather may pass silently on a GPU
+            check_graphs(s.bundle, manifest, s.variant)
         limits = s.limits(int(manifest.model["max_positions"]), int(manifest.max_new_tokens))
         runtime = RuntimeConfig(device=s.device, intra_op_threads=s.intra_op_threads,
                                 inter_op_threads=s.inter_op_threads, allow_spinning=s.allow_spinning,
