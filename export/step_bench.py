@@ -3,8 +3,8 @@ and int8 variants, through bare onnxruntime loops (no engine), 1 intra-op thread
 
     python -m seqserve.export.step_bench --shape default --batch 1 64
 
-Each loop is one generation: 32 forced tokens against 16-token sources (the issue's graph-loop setting), so the
-plain graph's past grows 0..31 and is fed back as OrtValues; the in-place graph writes into max_len buffers. Rounds
+Each loop is one generation: 32 forced tokens (--steps) against 16-token sources (the issue's graph-loop setting), so
+the plain graph's past grows 0..31 and is fed back as OrtValues; the in-place graph writes into max_len buffers. Rounds
 interleave the graphs (load drifts on a shared machine). Reported per step: the process's CPU time (one thread, no
 spinning: what the graph costs even while other jobs share the cores), its minimum over rounds (the least disturbed
 round; contention inflates CPU time too, through caches) and median, and the median wall time. The load average is
@@ -36,7 +36,7 @@ SHAPES = {  # d_model, heads, layers (each stack), d_ff, vocab
     "small": dict(d_model=256, n_heads=4, n_encoder_layers=3, n_decoder_layers=3, d_ff=1024, vocab_size=8000),
     "base": dict(d_model=512, n_heads=8, n_encoder_layers=6, n_decoder_layers=6, d_ff=2048, vocab_size=8000),
 }
-SRC_LEN, STEPS, MAX_LEN = 16, 32, 64
+SRC_LEN, STEPS = 16, 32  # the issue's graph-loop setting; --steps lengthens the generation
 
 
 def random_model(shape: str) -> Transformer:
@@ -49,17 +49,17 @@ def _kv(cfg, batch: int, length: int, rng) -> list[np.ndarray]:
             for _ in range(2 * cfg.n_decoder_layers)]
 
 
-def plain_loop(session: ort.InferenceSession, cfg, batch: int, rng) -> Callable[[], None]:
+def plain_loop(session: ort.InferenceSession, cfg, batch: int, rng, steps: int = STEPS) -> Callable[[], None]:
     """One generation through decoder.onnx: present (past_len + 1) fed back as the next step's past OrtValues."""
     n = cfg.n_decoder_layers
-    ids = rng.integers(4, cfg.vocab_size, (batch, STEPS))
+    ids = rng.integers(4, cfg.vocab_size, (batch, steps))
     cross = [ort.OrtValue.ortvalue_from_numpy(c) for c in _kv(cfg, batch, SRC_LEN, rng)]
     src_mask = np.ones((batch, SRC_LEN), np.int64)
     empty = [ort.OrtValue.ortvalue_from_numpy(p) for p in _kv(cfg, batch, 0, rng)]
 
     def run() -> None:
         past = empty
-        for t in range(STEPS):
+        for t in range(steps):
             binding = session.io_binding()
             binding.bind_output(names.LOGITS, "cpu")
             binding.bind_cpu_input(names.DECODER_INPUT_IDS, np.ascontiguousarray(ids[:, t : t + 1]))
@@ -76,15 +76,16 @@ def plain_loop(session: ort.InferenceSession, cfg, batch: int, rng) -> Callable[
     return run
 
 
-def inplace_loop(session: ort.InferenceSession, cfg, batch: int, rng) -> Callable[[], None]:
-    """One generation through decoder_inplace.onnx with the reference driver (ort_io.inplace_step)."""
-    ids = rng.integers(4, cfg.vocab_size, (batch, STEPS))
+def inplace_loop(session: ort.InferenceSession, cfg, batch: int, rng, steps: int = STEPS) -> Callable[[], None]:
+    """One generation through decoder_inplace.onnx with the reference driver (ort_io.inplace_step); the buffers
+    hold twice the generation, as a server's would hold more than any one row uses."""
+    ids = rng.integers(4, cfg.vocab_size, (batch, steps))
     cross = _kv(cfg, batch, SRC_LEN, rng)
     src_mask = np.ones((batch, SRC_LEN), np.int64)
-    buffers = _kv(cfg, batch, MAX_LEN, rng)
+    buffers = _kv(cfg, batch, min(2 * steps, cfg.max_positions), rng)
 
     def run() -> None:
-        for t in range(STEPS):
+        for t in range(steps):
             inplace_step(session, ids[:, t : t + 1], np.full(batch, t, np.int32), src_mask, buffers, cross).argmax(-1)
     return run
 
@@ -102,7 +103,8 @@ def build(model: Transformer, directory: Path, int8: bool) -> dict[str, Path]:
     return paths
 
 
-def measure(paths: dict[str, Path], cfg, batches: list[int], rounds: int, threads: int) -> list[dict]:
+def measure(paths: dict[str, Path], cfg, batches: list[int], rounds: int, threads: int,
+            steps: int = STEPS) -> list[dict]:
     """Median CPU and wall ms per decoder step of each graph at each batch size, rounds interleaved across graphs."""
     rows = []
     for batch in batches:
@@ -110,7 +112,7 @@ def measure(paths: dict[str, Path], cfg, batches: list[int], rounds: int, thread
         for label, path in paths.items():
             session = cpu_session(path, threads=threads)
             make = inplace_loop if label.startswith("inplace") else plain_loop
-            loops[label] = make(session, cfg, batch, np.random.default_rng(0))
+            loops[label] = make(session, cfg, batch, np.random.default_rng(0), steps)
             loops[label]()  # warm-up
         cpu: dict[str, list[float]] = {label: [] for label in loops}
         wall: dict[str, list[float]] = {label: [] for label in loops}
@@ -118,8 +120,8 @@ def measure(paths: dict[str, Path], cfg, batches: list[int], rounds: int, thread
             for label, run in loops.items():
                 start_cpu, start = time.process_time(), time.perf_counter()
                 run()
-                cpu[label].append((time.process_time() - start_cpu) / STEPS * 1e3)
-                wall[label].append((time.perf_counter() - start) / STEPS * 1e3)
+                cpu[label].append((time.process_time() - start_cpu) / steps * 1e3)
+                wall[label].append((time.perf_counter() - start) / steps * 1e3)
         rows += [{"batch": batch, "graph": label, "cpu_min_ms": min(cpu[label]),
                   "cpu_median_ms": statistics.median(cpu[label]), "wall_ms": statistics.median(wall[label])}
                  for label in loops]
@@ -132,6 +134,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 64])
     parser.add_argument("--rounds", type=int, default=25)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--steps", type=int, default=STEPS, help="tokens per generation (below max_positions, 256)")
     parser.add_argument("--no-int8", action="store_true")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
@@ -140,8 +143,8 @@ def main(argv: list[str] | None = None) -> None:
         paths = build(model, Path(tmp), int8=not args.no_int8)
         nodes = {label: _node_count(path) for label, path in paths.items()}
         load_before = _load()
-        rows = measure(paths, model.cfg, args.batch, args.rounds, args.threads)
-    print(f"shape {args.shape}, {args.threads} thread(s), {STEPS} steps x {SRC_LEN}-token sources, median of "
+        rows = measure(paths, model.cfg, args.batch, args.rounds, args.threads, args.steps)
+    print(f"shape {args.shape}, {args.threads} thread(s), {args.steps} steps x {SRC_LEN}-token sources, median of "
           f"{args.rounds} interleaved rounds; load average {load_before} before, {_load()} after")
     print(f"{'ms per step':<14} {'nodes':>5} " + " ".join(
         f"{f'b{b} cpu min':>11} {'cpu median':>11} {'wall median':>12}" for b in args.batch))
