@@ -39,6 +39,7 @@ class Engine:
         self._logprobs: dict[Request, list[TokenLogprob]] = {}  # running requests that return log-probabilities
         self._sinks: set = set()  # sinks that got events this step: flushed once at its end
         self._ended_waiting: list[Request] = []  # waiting requests this engine ended (their encoder failed)
+        self._ended: list[Request] = []  # running requests ended this step: the next schedule retires them
         self._last_step_at: float | None = None
         self._wake = threading.Condition()
         self._stopping = False
@@ -61,7 +62,8 @@ class Engine:
         return requests
 
     def step(self) -> None:
-        plan = self.scheduler.schedule(time.monotonic())
+        plan = self.scheduler.schedule(time.monotonic(), self._ended)
+        self._ended = []
         self._prepare(plan)
         if self.runner.slots.n_live:
             logits = self._run()
@@ -99,8 +101,8 @@ class Engine:
                     self.runner.encode([r])
                 except Exception:
                     self.scheduler.unencode([r])
-                    if r.status is not RequestStatus.RUNNING:  # a running one is counted when it is retired
-                        self._ended_waiting.append(r)
+                    # a running one is counted when it is retired; a waiting one now
+                    (self._ended if r.status is RequestStatus.RUNNING else self._ended_waiting).append(r)
                     r.end(FinishReason.ERROR, time.monotonic(), finish.ERROR_MESSAGE)
                     self._sinks.add(r.sink)
 
@@ -144,6 +146,7 @@ class Engine:
             r.end(FinishReason.ERROR, now, finish.ERROR_MESSAGE)
             self._sinks.add(r.sink)
             self._forget(r)
+            self._ended.append(r)
         self.runner.retire(failed)
 
     def _forget(self, r: Request) -> None:
@@ -216,6 +219,7 @@ class Engine:
             r.emit(tuple(best.token_ids), best.text)
         r.end(best.finish_reason, now)
         self._sinks.add(r.sink)
+        self._ended.append(r)
         self._beams.pop(r)
         return len(best.token_ids)
 
@@ -247,20 +251,23 @@ class Engine:
                                     r.params.length_penalty, tuple(track))]
         r.end(reason, now)
         self._sinks.add(r.sink)
+        self._ended.append(r)
 
     def _emit(self, plan: Plan) -> None:
-        """Once per step: every touched sink hands its events on, finishes are counted, gauges are set."""
-        for sink in self._sinks:
-            sink.flush()
-        self._sinks.clear()
-        for r in plan.retired + plan.dropped + self._ended_waiting:
+        """Once per step: finishes are counted (each once, in the step it ended), gauges are set, then every touched
+        sink hands its events on (so a client that has its answer finds it counted)."""
+        for r in [*self._ended, *plan.abandoned, *plan.dropped, *self._ended_waiting]:
             self.metrics.finished.labels(r.finish_reason.value).inc()
+            self._sinks.add(r.sink)
         self._ended_waiting.clear()
         self.metrics.running.set(self.runner.slots.n_live)
         self.metrics.waiting.set(self.scheduler.n_waiting)
         self.metrics.kv_cache_bytes.set(self.runner.nbytes)
         if not self.runner.slots.n_live:
             self._last_step_at = None  # an idle gap is not an inter-token latency
+        for sink in self._sinks:
+            sink.flush()
+        self._sinks.clear()
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="seqserve-engine", daemon=True)

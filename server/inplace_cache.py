@@ -23,18 +23,24 @@ class InPlaceCache:
     graph = names.DECODER_INPLACE
 
     def __init__(self, device: Device, n_layers: int, heads: int, head_dim: int, capacity: int, max_len: int,
-                 dtype=np.float32) -> None:
+                 vocab: int, dtype=np.float32) -> None:
         if device.ort_device != "cpu":  # the buffers are host arrays written with numpy; see docs/architecture.md
             raise ValueError("the in-place KV cache runs on the CPU provider; use --kv-cache concat on CUDA")
         self.device, self.n_layers, self.heads, self.head_dim, self.dtype = device, n_layers, heads, head_dim, dtype
         shape = (capacity, heads, max_len, head_dim)
         self.self_kv = [np.zeros(shape, dtype) for _ in range(2 * n_layers)]  # (C, H, L, Dh): K0, V0, K1, V1, ...
-        self._values = [ort.OrtValue.ortvalue_from_numpy(b) for b in self.self_kv]  # wrap, never copy
+        self._ids = np.zeros((capacity, 1), np.int64)  # (C, 1) step inputs, refilled in place every step
+        self._lens = np.zeros(capacity, np.int32)  # (C,)
+        self._total = np.zeros((), np.int32)  # scalar: the longest row's length after this step
+        self._logits = np.zeros((capacity, vocab), np.float32)  # (C, V) the step writes its output here
+        self._rows = np.arange(capacity)
+        self._bindings: dict[tuple[int, int], object] = {}
         self._reset_cross(capacity, 0)
         self._past, self._present = names.past_inputs(n_layers), names.present_outputs(n_layers)
         self._cross_names = names.cross_inputs(n_layers)
 
     def _reset_cross(self, capacity: int, width: int) -> None:
+        self._bindings = {}  # they point into the buffers being replaced
         self.cross = [np.zeros((capacity, self.heads, width, self.head_dim), self.dtype)
                       for _ in range(2 * self.n_layers)]  # (C, H, W, Dh)
         self.src_mask = np.zeros((capacity, width), np.int64)  # (C, W) 1 = a source token of the slot's row
@@ -84,27 +90,48 @@ class InPlaceCache:
 
     def run(self, decoder, slots: Slots, rows: np.ndarray | None = None) -> np.ndarray:
         """One step for slots [0, hi) in place (rows=None), or for some rows alone on copies of their buffers (a probe,
-        which changes nothing). Returns logits (B, V) float32."""
-        whole = rows is None
-        n = slots.hi if whole else len(rows)
-        pick = np.arange(n) if whole else rows
-        lens = slots.length[pick].astype(np.int32)  # (B,) each row's cached tokens = its position
+        which changes nothing). Returns logits (B, V) float32 (the real step's are valid until the next step)."""
+        if rows is not None:
+            return self._probe(decoder, slots, rows)
+        n = slots.hi
+        self._ids[:n, 0] = slots.ids[self._rows[:n], slots.length[:n]]  # (n, 1) each row's last token
+        self._lens[:n] = slots.length[:n]  # (n,) each row's cached tokens = its position and the column written
+        self._total[...] = self._lens[:n].max() + 1
+        binding = self._bindings.get((n, self.width)) or self._bind(decoder, n)
+        decoder.run_with_iobinding(binding)
+        return self._logits[:n]
+
+    def _bind(self, decoder, n: int):
+        """An IO binding of every input and output for a batch of n, by pointer into this cache's fixed arrays: a step
+        only refills the arrays, so it binds nothing (kept per (n, width); a wider source drops them all)."""
+        binding = decoder.io_binding()
+        fixed = [(names.DECODER_INPUT_IDS, self._ids), (names.PAST_SEQ_LENS, self._lens),
+                 (names.ENCODER_ATTENTION_MASK, self.src_mask), *zip(self._cross_names, self.cross)]
+        for name, array in fixed:
+            binding.bind_input(name, "cpu", 0, array.dtype, (n, *array.shape[1:]), array.ctypes.data)
+        binding.bind_input(names.TOTAL_SEQ_LEN, "cpu", 0, self._total.dtype, [], self._total.ctypes.data)
+        for past, present, buf in zip(self._past, self._present, self.self_kv):
+            shape = (n, *buf.shape[1:])  # the graph writes each row's new column into the buffer itself
+            binding.bind_input(past, "cpu", 0, buf.dtype, shape, buf.ctypes.data)
+            binding.bind_output(present, "cpu", 0, buf.dtype, shape, buf.ctypes.data)
+        binding.bind_output(names.LOGITS, "cpu", 0, self._logits.dtype, (n, self._logits.shape[1]),
+                            self._logits.ctypes.data)
+        self._bindings[(n, self.width)] = binding
+        return binding
+
+    def _probe(self, decoder, slots: Slots, rows: np.ndarray) -> np.ndarray:
+        lens = slots.length[rows].astype(np.int32)  # (B,)
         binding = decoder.io_binding()
         binding.bind_output(names.LOGITS, "cpu")
-        binding.bind_cpu_input(names.DECODER_INPUT_IDS, slots.ids[pick, slots.length[pick]].reshape(-1, 1))
+        binding.bind_cpu_input(names.DECODER_INPUT_IDS, slots.ids[rows, slots.length[rows]].reshape(-1, 1))
         binding.bind_cpu_input(names.PAST_SEQ_LENS, lens)
         binding.bind_cpu_input(names.TOTAL_SEQ_LEN, np.array(int(lens.max()) + 1, np.int32))
-        binding.bind_cpu_input(names.ENCODER_ATTENTION_MASK, self.src_mask[:n] if whole else self.src_mask[rows])
-        for past, present, buf, value in zip(self._past, self._present, self.self_kv, self._values):
-            if whole:  # the first n rows of the buffer, by pointer: the graph writes their new column in place
-                shape = (n, *buf.shape[1:])
-                binding.bind_input(past, "cpu", 0, buf.dtype, shape, value.data_ptr())
-                binding.bind_output(present, "cpu", 0, buf.dtype, shape, value.data_ptr())
-            else:
-                copy = ort.OrtValue.ortvalue_from_numpy(buf[rows])  # a probe writes into its own copy
-                binding.bind_ortvalue_input(past, copy)
-                binding.bind_ortvalue_output(present, copy)
+        binding.bind_cpu_input(names.ENCODER_ATTENTION_MASK, self.src_mask[rows])
+        for past, present, buf in zip(self._past, self._present, self.self_kv):
+            copy = ort.OrtValue.ortvalue_from_numpy(buf[rows])  # a probe writes into its own copy
+            binding.bind_ortvalue_input(past, copy)
+            binding.bind_ortvalue_output(present, copy)
         for name, buf in zip(self._cross_names, self.cross):
-            binding.bind_cpu_input(name, buf[:n] if whole else np.ascontiguousarray(buf[rows]))
+            binding.bind_cpu_input(name, np.ascontiguousarray(buf[rows]))
         decoder.run_with_iobinding(binding)
         return binding.get_outputs()[0].numpy()

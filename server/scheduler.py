@@ -42,16 +42,19 @@ class Plan:
     encode: list[Request]  # run the encoder on these now (every admitted one without K/V, then some ahead)
     admitted: list[Request]  # join this step
     dropped: list[Request]  # waiting requests that ended without running (cancelled, expired)
+    abandoned: list[Request] = ()  # running requests this schedule ended (cancelled, expired): part of retired
 
 
 class Scheduler:
     def __init__(self, cfg: SchedulerConfig) -> None:
         self.cfg = cfg
         self.waiting: collections.deque[Request] = collections.deque()
-        self.running: list[Request] = []
+        self._running: dict[int, Request] = {}  # by id, in admission order
+        self.rows = 0  # rows the running requests hold (one per beam)
+        self._longest = self._most_new = 0  # running rows' longest source and max_new_tokens (may overstate: see _fits)
         self.encoded_bytes = 0  # cross K/V held by ENCODED waiting requests
         self._lock = threading.Lock()  # add() comes from the gRPC loop, schedule() from the engine thread
-        self._swept = float("-inf")  # when _drop_abandoned last scanned the waiting queue
+        self._swept = float("-inf")  # when the queues were last scanned for cancelled and expired requests
 
     def add(self, request: Request) -> None:
         with self._lock:
@@ -59,48 +62,81 @@ class Scheduler:
                 raise QueueFull(f"{len(self.waiting)} requests waiting (max_waiting={self.cfg.max_waiting})")
             self.waiting.append(request)
 
+    @property
+    def running(self) -> list[Request]:
+        return list(self._running.values())
+
     def has_work(self) -> bool:
-        return bool(self.running or self.waiting)
+        return bool(self._running or self.waiting)
 
     @property
     def n_waiting(self) -> int:
         return len(self.waiting)
 
-    def schedule(self, now: float) -> Plan:
-        for r in self.running:
-            if not r.done and (reason := finish.abandoned(r, now)):
-                r.end(reason, now)
-        retired = [r for r in self.running if r.done]
-        kept = [r for r in self.running if not r.done]
+    def schedule(self, now: float, ended: list[Request] = ()) -> Plan:
+        """ended: running requests the engine ended since the last call. Others that ended (cancelled, expired, or
+        ended from outside) are found by a sweep at most every SWEEP_SECONDS: no per-row scan at every step."""
+        retired = [r for r in ended if self._running.pop(r.id, None) is not None]
         with self._lock:
-            dropped = self._drop_abandoned(now)
-            admitted = self._admit(kept, now)
+            dropped, abandoned = [], []
+            if not (0 <= now - self._swept < SWEEP_SECONDS):
+                self._swept = now
+                swept = self._sweep_running(now)
+                abandoned = [r for r, ended_here in swept if ended_here]
+                retired += [r for r, _ in swept]
+                dropped = self._drop_abandoned(now)
+            self.rows -= sum(r.n_rows for r in retired)
+            admitted = self._admit(now)
             encode = self._encode(admitted)
-        self.running = kept + admitted
-        return Plan(retired, encode, admitted, dropped)
+        return Plan(retired, encode, admitted, dropped, abandoned)
 
-    def _admit(self, kept: list[Request], now: float) -> list[Request]:
+    def _sweep_running(self, now: float) -> list[tuple[Request, bool]]:
+        """(request, whether this sweep ended it) for every running request that has ended."""
+        left = []
+        for r in list(self._running.values()):
+            ended_here = not r.done and (reason := finish.abandoned(r, now)) is not None
+            if ended_here:
+                r.end(reason, now)
+            if r.done:
+                left.append((self._running.pop(r.id), ended_here))
+        return left
+
+    def _admit(self, now: float) -> list[Request]:
         admitted: list[Request] = []
-        rows = sum(r.n_rows for r in kept)  # a beam request holds one row per beam
-        longest = max((r.n_input_tokens for r in kept), default=0)
-        most_new = max((r.params.max_new_tokens for r in kept), default=0)
-        while self.waiting and rows < self.cfg.max_batch_size:
+        while self.waiting and self.rows < self.cfg.max_batch_size:
             head = self.waiting[0]
             if head.done:  # ended while waiting (its encoder failed): it has been counted already
                 self.waiting.popleft()
                 continue
-            src, new = max(longest, head.n_input_tokens), max(most_new, head.params.max_new_tokens)
-            if rows + head.n_rows > self.cfg.max_batch_size and rows:
+            if self.rows + head.n_rows > self.cfg.max_batch_size and self.rows:
                 break  # a wide beam request waits for room; it is never overtaken (FCFS), and alone it always fits
-            if _padded(rows + head.n_rows, src, new) > self.cfg.max_kv_tokens and rows:
+            if not self._fits(head):
                 break  # FCFS: the head waits for cache rather than being overtaken (alone, it always runs)
             self.waiting.popleft()
             if head.status is RequestStatus.ENCODED:
                 self.encoded_bytes -= self._cross_bytes(head)
             head.status, head.scheduled_at = RequestStatus.RUNNING, now
             admitted.append(head)
-            rows, longest, most_new = rows + head.n_rows, src, new
+            self._running[head.id] = head
+            self.rows += head.n_rows
+            self._longest = max(self._longest, head.n_input_tokens)
+            self._most_new = max(self._most_new, head.params.max_new_tokens)
         return admitted
+
+    def _fits(self, head: Request) -> bool:
+        """The KV budget with head added. The kept maxima only grow (a leaving row may have held them), so a refusal
+        is checked again against the exact maxima, recomputed then: rarely, since the budget seldom binds."""
+        if not self._running:
+            self._longest = self._most_new = 0
+            return True
+        for exact in (False, True):
+            if exact:
+                self._longest = max(r.n_input_tokens for r in self._running.values())
+                self._most_new = max(r.params.max_new_tokens for r in self._running.values())
+            src, new = max(self._longest, head.n_input_tokens), max(self._most_new, head.params.max_new_tokens)
+            if _padded(self.rows + head.n_rows, src, new) <= self.cfg.max_kv_tokens:
+                return True
+        return False
 
     def _encode(self, admitted: list[Request]) -> list[Request]:
         """Admitted requests still without K/V, plus (only then) waiting ones from the head, within the budgets."""
@@ -124,12 +160,7 @@ class Scheduler:
         return r.n_input_tokens * self.cfg.cross_bytes_per_token
 
     def _drop_abandoned(self, now: float) -> list[Request]:
-        """Waiting requests whose client left or whose deadline passed end now, not when they reach the head.
-
-        The queue is swept at most every SWEEP_SECONDS: a scan per decoder step would cost more than the step."""
-        if now - self._swept < SWEEP_SECONDS and now >= self._swept:
-            return []
-        self._swept = now
+        """Waiting requests whose client left or whose deadline passed end now, not when they reach the head."""
         if not any(finish.abandoned(r, now) for r in self.waiting):
             return []
         alive, dropped = collections.deque(), []
@@ -154,11 +185,12 @@ class Scheduler:
     def drain(self, reason, now: float) -> None:
         """Ends every waiting and running request (the engine is stopping without running them)."""
         with self._lock:
-            for r in [*self.waiting, *self.running]:
+            for r in [*self.waiting, *self._running.values()]:
                 if not r.done:
                     r.end(reason, now)
             self.waiting.clear()
-            self.encoded_bytes = 0
+            self._running.clear()
+            self.rows = self.encoded_bytes = 0
 
 
 def _padded(rows: int, longest_source: int, most_new_tokens: int) -> int:

@@ -21,12 +21,10 @@ class Slots:
         self.min_new = np.zeros(capacity, np.int64)  # (C,) each row's min_new_tokens (the end token masked before)
         self.live = np.zeros(capacity, bool)  # (C,)
         self.hi = 0  # rows [0, hi) are stepped: every live row is below hi
+        self.n_live = 0
         self.index: dict[int, list[int]] = {}  # request id -> its slots (one per beam)
         self.beam = np.zeros(capacity, bool)  # (C,) rows of beam requests (engine.py updates them per request)
 
-    @property
-    def n_live(self) -> int:
-        return int(self.live[: self.hi].sum())
 
     def free(self, n: int) -> list[int]:
         """The n lowest free slots (placing rows low keeps hi, the stepped batch, small)."""
@@ -44,6 +42,7 @@ class Slots:
         self.max_new[slot] = request.params.max_new_tokens
         self.min_new[slot] = request.params.min_new_tokens
         self.live[slot] = True
+        self.n_live += 1
         self.hi = max(self.hi, slot + 1)
 
     def release(self, slot: int) -> None:
@@ -54,6 +53,7 @@ class Slots:
         self.requests[slot] = None
         self.beam[slot] = False
         self.live[slot] = False
+        self.n_live -= 1
         self.length[slot] = 0
         while self.hi and not self.live[self.hi - 1]:
             self.hi -= 1
