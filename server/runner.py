@@ -50,7 +50,9 @@ class Runner:
         self.slots = Slots(capacity, max_new, special["bos_id"])
         self.kv_cache = choose_cache(kv_cache, files, self.device.ort_device)  # the encoder session settled the device
         if self.kv_cache == "inplace":
-            self.cache = InPlaceCache(self.device, self.n_layers, heads, head_dim, capacity, max_new, cfg["vocab_size"])
+            kv_dtype = np.dtype(files[names.DECODER_INPLACE].get("kv_dtype", "float32"))  # fp16: float16 buffers
+            self.cache = InPlaceCache(self.device, self.n_layers, heads, head_dim, capacity, max_new, cfg["vocab_size"],
+                                      kv_dtype)
         else:
             self.cache = ConcatCache(self.device, self.n_layers, heads, head_dim)
         self.decoder = self._session(files[self.cache.graph]["file"], self.cache.graph)
