@@ -9,8 +9,9 @@ from safetensors.torch import load_file, save_file
 from seqserve.cli.main import main
 from seqserve.contract import names
 
-BUNDLE_FILES = {"manifest.json", "tokenizer.json", "heldout.tsv", "encoder.onnx", "decoder.onnx",
-                "encoder.int8.onnx", "decoder.int8.onnx", "encoder.fp16.onnx", "decoder.fp16.onnx"}
+BUNDLE_FILES = {"manifest.json", "bundle.sha256", "tokenizer.json", "heldout.tsv", "encoder.onnx", "decoder.onnx",
+                "decoder_inplace.onnx", "encoder.int8.onnx", "decoder.int8.onnx", "decoder_inplace.int8.onnx",
+                "encoder.fp16.onnx", "decoder.fp16.onnx", "decoder_inplace.fp16.onnx"}
 
 
 def test_export_writes_every_file(full_bundle):
