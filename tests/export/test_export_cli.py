@@ -24,9 +24,10 @@ def test_verify_with_checkpoint_passes_and_prints_the_table(full_bundle, tiny_ch
     for output in names.encoder_outputs(2) + names.decoder_outputs(2):
         assert output in out
     for check in ("encoder vs torch", "decoder step vs torch", "teacher forcing", "top-1 agreement vs fp32", "no NaN",
-                  "greedy tokens: engine (CPUExecutionProvider) vs torch"):
+                  "greedy tokens: engine (decoder.onnx, concat KV cache, CPUExecutionProvider) vs torch",
+                  "greedy tokens: engine (decoder_inplace.onnx, inplace KV cache, CPUExecutionProvider) vs torch"):
         assert check in out
-    assert "200/200 sequences identical" in out and " 0 failed" in out and "FAIL" not in out
+    assert out.count("200/200 sequences identical") == 2 and " 0 failed" in out and "FAIL" not in out
 
 
 def test_verify_without_checkpoint_says_what_it_skipped(full_bundle, capsys):
