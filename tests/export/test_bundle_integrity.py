@@ -9,11 +9,18 @@ import onnx
 import pytest
 
 from seqserve.contract import names
-from seqserve.contract.manifest import FORMAT_VERSION, MANIFEST, BundleError, load_manifest
+from seqserve.contract.manifest import DIGEST, FORMAT_VERSION, MANIFEST, BundleError, load_manifest
 from seqserve.server.device import RuntimeConfig
 from seqserve.server.runner import Runner
 
 CPU = RuntimeConfig(device="cpu")
+
+
+def write_signed(bundle, data: dict) -> None:
+    """Rewrites manifest.json with its digest, as export would: the check under test is past the digest's."""
+    text = json.dumps(data)
+    (bundle / MANIFEST).write_text(text)
+    (bundle / DIGEST).write_text(f"{hashlib.sha256(text.encode()).hexdigest()}  {MANIFEST}\n")
 
 
 @pytest.fixture
@@ -74,7 +81,7 @@ def test_wrong_format_version_is_refused(bundle_copy):
     path = bundle_copy / MANIFEST
     data = json.loads(path.read_text())
     data["format_version"] = FORMAT_VERSION + 1
-    path.write_text(json.dumps(data))
+    write_signed(bundle_copy, data)
     with pytest.raises(BundleError, match=r"manifest\.json: format_version 2 is not supported"):
         load_manifest(bundle_copy)
 
@@ -85,10 +92,10 @@ def test_graph_whose_io_differs_from_the_manifest_is_refused(bundle_copy):
     path = bundle_copy / MANIFEST
     data = json.loads(path.read_text())
     data["variants"]["fp32"]["decoder"] = data["variants"]["fp32"]["encoder"] | {"file": names.DECODER_FILE}
-    path.write_text(json.dumps(data))
+    write_signed(bundle_copy, data)
     load_manifest(bundle_copy)  # the hashes now agree
     with pytest.raises(BundleError, match=r"decoder\.onnx: graph inputs/outputs .* do not match manifest\.json"):
-        Runner(bundle_copy, CPU)
+        Runner(bundle_copy, CPU, kv_cache="concat")  # the runner that loads decoder.onnx
 
 
 def test_verify_fails_on_a_tampered_bundle(bundle_copy, capsys):
