@@ -9,12 +9,14 @@ from seqserve.loadtest.driver import LoadTest, LoadTestError, judge, run
 from seqserve.loadtest.slo import Slo
 from seqserve.loadtest.summary import METHODS
 from seqserve.loadtest.sweep import Sweep
+from seqserve.server.channel import add_connection_arguments
 from seqserve.server.client import add_decoding_arguments
 
 
 def add_arguments(parser) -> None:
     parser.add_argument("--target", default="127.0.0.1:50051",
                         help="host:port of the gRPC server (default %(default)s)")
+    add_connection_arguments(parser)  # TLS, mutual TLS and a bearer token, as every seqserve client
     parser.add_argument("--heldout", default="artifacts/bundle",
                         help="bundle directory (or its heldout.tsv) whose held-out sources are the inputs "
                              "(default %(default)s)")

@@ -18,6 +18,7 @@ from tqdm import tqdm
 from seqserve.loadtest.slo import Slo, missed
 from seqserve.loadtest.summary import METHODS, Summary
 from seqserve.loadtest.workload import heldout_file
+from seqserve.server.channel import CONNECTION_HELP
 from seqserve.server.client import decoding_from_args, option_flags, options
 
 LOCUSTFILE = Path(__file__).with_name("locustfile.py")
@@ -52,6 +53,7 @@ class LoadTest:
     timeout_s: float | None = None  # deadline of each call
     stop_timeout_s: int = 30  # calls in flight at the end may finish, so client and server counts agree
     reset_stats: bool = False  # leave the ramp-up out of the statistics (sweep steps)
+    connection: dict = field(default_factory=dict)  # server/channel.py's flags (TLS, client certificate, token file)
 
     def __post_init__(self) -> None:
         if self.users < 1 or self.duration_s < 1:
@@ -66,7 +68,8 @@ class LoadTest:
                    spawn_rate=args.spawn_rate, duration_s=parse_duration(args.duration),
                    methods=tuple(m.strip() for m in args.methods.split(",") if m.strip()),
                    decoding=decoding_from_args(args), timeout_s=args.timeout,
-                   stop_timeout_s=parse_duration(args.stop_timeout))
+                   stop_timeout_s=parse_duration(args.stop_timeout),
+                   connection={k: v for k in CONNECTION_HELP if (v := getattr(args, k, None)) not in (None, False)})
 
     def locust_argv(self, out: Path) -> list[str]:
         argv = [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless", "--only-summary",
@@ -77,6 +80,8 @@ class LoadTest:
                 "--summary-json", str(out / "summary.json"), "--heldout", str(self.heldout), "--tags", *self.methods]
         argv += ["--reset-stats"] if self.reset_stats else []
         argv += ["--timeout", str(self.timeout_s)] if self.timeout_s else []
+        for name, value in self.connection.items():  # locust's users open their channels with the same flags
+            argv += ["--" + name.replace("_", "-")] + ([] if value is True else [str(value)])
         return argv + option_flags(self.decoding)
 
 

@@ -55,3 +55,16 @@ def test_locust_command_line_carries_the_options(tmp_path):
     assert {k: v for k, v in back.items() if v is not None} == {k: v for k, v in decoding.items() if v is not None}
     with pytest.raises(ValueError, match="duration"):
         parse_duration("5 minutes")
+
+
+def test_seqserve_loadtest_hands_its_connection_flags_to_locust(tmp_path):
+    """`seqserve loadtest --ca-file ... --token-file ...` reaches the locust users (they open the channels)."""
+    from seqserve.loadtest.driver import LoadTest
+
+    args = build_parser().parse_args(["loadtest", "--heldout", str(tmp_path), "--ca-file", "ca.pem", "--token-file",
+                                      "token.txt", "--tls-server-name", "seqserve.test"])
+    (tmp_path / "heldout.tsv").write_text("a\tb\n")
+    argv = LoadTest.from_args(args).locust_argv(tmp_path)
+    for flag, value in (("--ca-file", "ca.pem"), ("--token-file", "token.txt"), ("--tls-server-name", "seqserve.test")):
+        assert argv[argv.index(flag) + 1] == value
+    assert "--cert-file" not in argv and "--tls" not in argv  # unset flags are not passed
