@@ -174,7 +174,7 @@ def _advance(state: dict, out: list[np.ndarray], chosen) -> None:
     feeds[names.POSITION_IDS] = feeds[names.POSITION_IDS] + 1
     mask = feeds[names.DECODER_ATTENTION_MASK]
     feeds[names.DECODER_ATTENTION_MASK] = np.concatenate([mask, np.ones((mask.shape[0], 1), np.int64)], axis=1)
-    for name, present in zip([names.past_input(i, k) for i in range(n) for k in names.KINDS], out[1:]):
+    for name, present in zip(names.past_inputs(n), out[1:]):
         feeds[name] = present
     state["tokens"].append(chosen[:, 0].tolist())
 
@@ -200,9 +200,9 @@ def test_io_binding_equals_plain_run(small_model, small_sessions):
         for name in (names.DECODER_INPUT_IDS, names.POSITION_IDS, names.DECODER_ATTENTION_MASK,
                      names.ENCODER_ATTENTION_MASK):
             binding.bind_cpu_input(name, feeds[name])
-        for name, value in zip([names.past_input(i, k) for i in range(n) for k in names.KINDS], bound_past):
+        for name, value in zip(names.past_inputs(n), bound_past):
             binding.bind_ortvalue_input(name, value)
-        for name, value in zip([names.cross_input(i, k) for i in range(n) for k in names.KINDS], cross_values):
+        for name, value in zip(names.cross_inputs(n), cross_values):
             binding.bind_ortvalue_input(name, value)
         logits = ort.OrtValue.ortvalue_from_shape_and_type([batch, cfg.vocab_size], np.float32)
         present = [ort.OrtValue.ortvalue_from_shape_and_type([batch, cfg.n_heads, t + 1, cfg.head_dim], np.float32)
