@@ -1,0 +1,113 @@
+"""Where the engine's time goes: Engine.generate over held-out inputs under cProfile, split by part of the engine.
+
+    python -m seqserve.loadtest.engine_profile BUNDLE [-n 2000] [--batch-size 64] [--max-new-tokens 32] [--threads 1]
+
+Every function's own time is charged to the part its file belongs to; time inside onnxruntime's and numpy's compiled
+functions is charged by caller (the decoder step, the encoder, or whoever called numpy). 1 intra-op thread and no
+spinning by default, so the split is the engine's, not thread contention's.
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import time
+from collections import defaultdict
+
+from seqserve.contract.names import KV_CACHES
+from seqserve.contract.tokenizer import load_tokenizer
+from seqserve.contract.tsv import heldout_pairs
+from seqserve.server.device import RuntimeConfig
+from seqserve.server.engine import Engine
+from seqserve.server.metrics import Metrics
+from seqserve.server.request import Request, SamplingParams
+from seqserve.server.runner import Runner
+from seqserve.server.scheduler import Scheduler, SchedulerConfig
+
+PARTS = (  # (part, substrings of the file or caller that put a function's time there), first match wins
+    ("onnxruntime: decoder step", ("inplace_cache.py:run", "inplace_cache.py:_probe", "kv_cache.py:run")),
+    ("onnxruntime: encoder", ("runner.py:run_encoder",)),
+    ("KV cache, slots, IO binding", ("inplace_cache.py", "kv_cache.py", "slots.py", "runner.py", "onnxruntime")),
+    ("scheduler and finish rules", ("scheduler.py", "finish.py")),
+    ("detokenisation", ("detokenizer.py", "tokenizers")),
+    ("metrics", ("prometheus_client", "metrics.py")),
+    ("token choice and bookkeeping", ("engine.py", "sampling.py", "beam.py", "request.py", "numpy")),
+)
+
+
+def _where(func: tuple[str, int, str]) -> str:
+    file, _, name = func
+    return f"{file.rsplit('/', 1)[-1]}:{name}" if file != "~" else name
+
+
+def split(stats: pstats.Stats) -> dict[str, float]:
+    """Seconds per part; a compiled function's time goes to its callers' parts, in proportion to their calls."""
+    parts: dict[str, float] = defaultdict(float)
+    for func, (_, _, own, _, callers) in stats.stats.items():
+        compiled = func[0] == "~"
+        if "run_with_iobinding" in func[2] and compiled:  # called through InferenceSession's Python wrapper
+            callers = {up: c for wrapper in callers for up, c in stats.stats[wrapper][4].items()}
+        if compiled and callers:
+            total = sum(c[2] for c in callers.values()) or 1.0
+            for caller, c in callers.items():
+                parts[_part(_where(caller), func[2])] += own * c[2] / total
+        else:
+            parts[_part(_where(func), "")] += own
+    return dict(parts)
+
+
+def _part(where: str, compiled: str) -> str:
+    """where: the function (or, for compiled code, its caller); compiled: the compiled function's name, if any."""
+    inference = "run_with_iobinding" in compiled  # only onnxruntime's own run is inference
+    for part, keys in PARTS:
+        if part.startswith("onnxruntime") and not inference:
+            continue
+        if any(k in where for k in keys):
+            return part
+    return "other (Python, numpy outside the engine)"
+
+
+def profile(bundle: str, n: int, batch_size: int, max_new: int, threads: int, kv_cache: str) -> dict:
+    runner = Runner(bundle, RuntimeConfig(device="cpu", intra_op_threads=threads, allow_spinning=False),
+                    capacity=batch_size, kv_cache=kv_cache)
+    tokenizer = load_tokenizer(runner.bundle / runner.manifest.tokenizer["file"])
+    sources = [tokenizer.encode(s).ids for s, _ in heldout_pairs(bundle, n)]
+
+    def run() -> list[Request]:
+        scheduler = Scheduler(SchedulerConfig(max_batch_size=batch_size, max_waiting=len(sources),
+                                              max_kv_tokens=1 << 30,
+                                              cross_bytes_per_token=runner.cross_bytes_per_token))
+        engine = Engine(runner, tokenizer, scheduler, Metrics())
+        return engine.generate([Request(s, SamplingParams(max_new_tokens=max_new)) for s in sources])
+
+    run()  # warm-up: first-run allocations stay out of the profile
+    profiler = cProfile.Profile()
+    start = time.perf_counter()
+    profiler.enable()
+    done = run()
+    profiler.disable()
+    wall = time.perf_counter() - start
+    parts = split(pstats.Stats(profiler))
+    total = sum(parts.values())
+    return {"wall_s": wall, "tokens": sum(len(r.output_ids) for r in done), "kv_cache": runner.kv_cache,
+            "parts": {k: v / total for k, v in sorted(parts.items(), key=lambda kv: -kv[1])}}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("bundle")
+    p.add_argument("-n", type=int, default=2000, help="held-out inputs")
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--kv-cache", default="auto", choices=KV_CACHES)
+    args = p.parse_args(argv)
+    result = profile(args.bundle, args.n, args.batch_size, args.max_new_tokens, args.threads, args.kv_cache)
+    print(f"{result['tokens']} tokens in {result['wall_s']:.2f} s under cProfile ({result['kv_cache']} KV cache)")
+    for part, share in result["parts"].items():
+        print(f"{share:7.1%}  {part}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
