@@ -172,7 +172,8 @@ class Engine:
             track.append(_logprob(logits[s], int(chosen[s]), r.params.top_logprobs))
         slots.append(chosen, appended)
         for r in dict.fromkeys(slots.requests[s] for s in new.tolist()):
-            self._first_token(r, now)
+            if r.first_token_at is None:  # a beam request's unused rows stay at length 0: count its first once
+                self._first_token(r, now)
         for r, text in self._text.items():
             s = slots.slot_of(r)
             if appended[s]:
