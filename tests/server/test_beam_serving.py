@@ -124,3 +124,11 @@ def test_rows_and_cache_return_to_idle_after_beams_including_cancelled(make_serv
     assert done.sequences
     wait_for(lambda: s.metric("seqserve_running_requests") == 0, what="the finished beams to leave")
     assert s.metric("seqserve_finished_requests_total", reason="cancelled") == 1
+
+
+def test_a_beam_request_counts_one_first_token_and_its_best_sequence_as_usage(served, heldout):
+    ttft = served.metric("seqserve_time_to_first_token_seconds_count")
+    tokens = served.metric("seqserve_generated_tokens_total")
+    r = served.stub.Generate(request(heldout[4][0], max_new_tokens=MAX_NEW, num_beams=8), timeout=60)
+    assert served.metric("seqserve_time_to_first_token_seconds_count") - ttft == 1
+    assert served.metric("seqserve_generated_tokens_total") - tokens == r.usage.generated_tokens == len(r.token_ids)
