@@ -40,6 +40,8 @@ class Engine:
         self._sinks: set = set()  # sinks that got events this step: flushed once at its end
         self._ended_waiting: list[Request] = []  # waiting requests this engine ended (their encoder failed)
         self._ended: list[Request] = []  # running requests ended this step: the next schedule retires them
+        self._fresh: list[Request] = []  # requests admitted this step: their first token comes from this step
+        self._gauges = (None, None, None)  # the last values set: a gauge is set only when it changes
         self._last_step_at: float | None = None
         self._wake = threading.Condition()
         self._stopping = False
@@ -80,6 +82,7 @@ class Engine:
             self._encode(plan.encode)
         admitted = [r for r in plan.admitted if not r.done]
         self.runner.admit(admitted)
+        self._fresh = admitted
         for r in admitted:
             if r.n_rows > 1:
                 self._beams[r] = BeamSearch(r.params, self.eos_id)
@@ -161,19 +164,20 @@ class Engine:
         per_row = {s: (r, slots.ids[s, 1 : 1 + slots.length[s]]) for r in self._sampled
                    if (s := slots.slot_of(r)) is not None}
         hi = slots.hi
-        no_eos = slots.live[:hi] & (slots.length[:hi] < slots.min_new[:hi])  # (hi,)
-        chosen = choose(logits, per_row, self.eos_id, self.banned, no_eos)  # (hi,)
         single = slots.live[:hi] & ~slots.beam[:hi]  # (hi,) rows whose token is chosen here (beams: below)
+        lps = {r: log_softmax(logits[slots.slot_of(r)]) for r in self._logprobs}  # the model's, before any mask
+        beam_logprobs = self._beam_logprobs(logits)  # likewise: min_new_tokens is the search's own business
+        no_eos = single & (slots.length[:hi] < slots.min_new[:hi])  # (hi,)
+        chosen = choose(logits, per_row, self.eos_id, self.banned, no_eos)  # (hi,)
         codes = np.where(single, finish.after_token(chosen, slots.length[:hi], slots.max_new[:hi], self.eos_id), 0)
         appended = single & (codes != finish.EOS)  # (hi,) EOS ends a row without being returned
-        new = np.flatnonzero(slots.live[:hi] & (slots.length[:hi] == 0))  # rows producing their first token now
         for r, track in self._logprobs.items():
-            s = slots.slot_of(r)
-            track.append(_logprob(logits[s], int(chosen[s]), r.params.top_logprobs))
+            token = int(chosen[slots.slot_of(r)])
+            track.append(TokenLogprob(token, float(lps[r][token]), top_alternatives(lps[r], r.params.top_logprobs)))
         slots.append(chosen, appended)
-        for r in dict.fromkeys(slots.requests[s] for s in new.tolist()):
-            if r.first_token_at is None:  # a beam request's unused rows stay at length 0: count its first once
-                self._first_token(r, now)
+        for r in self._fresh:  # requests admitted this step produce their first token now
+            self._first_token(r, now)
+        self._fresh = []
         for r, text in self._text.items():
             s = slots.slot_of(r)
             if appended[s]:
@@ -183,20 +187,25 @@ class Engine:
                 self._stream(r, (int(chosen[s]),), piece)
         for s in np.flatnonzero(codes).tolist():
             self._end(slots.requests[s], s, finish.REASONS[int(codes[s])], now)
-        generated = int(appended.sum()) + self._advance_beams(logits, now)
+        generated = int(appended.sum()) + self._advance_beams(beam_logprobs, now)
         self.metrics.generated_tokens.inc(generated)  # EOS is not returned, so not counted: equals usage
         if self._last_step_at is not None:
             self.metrics.inter_token_latency.observe(now - self._last_step_at)  # once per step: rows share it
         self._last_step_at = now
 
-    def _advance_beams(self, logits: np.ndarray, now: float) -> int:
+    def _beam_logprobs(self, logits: np.ndarray) -> dict[Request, np.ndarray]:
+        """Each beam request's live beams' log-probabilities (n_live, V), taken before the step masks anything."""
+        slots = self.runner.slots
+        return {r: log_softmax(logits[slots.slots_of(r)[: len(s.live)]]) for r, s in self._beams.items()}
+
+    def _advance_beams(self, logprobs: dict[Request, np.ndarray], now: float) -> int:
         """Each beam request's search takes a step: its rows are reordered by parent and extended, or it ends.
         Returns the tokens of the requests that ended (a beam request's usage is its best sequence)."""
         slots, generated = self.runner.slots, 0
         for r, search in list(self._beams.items()):
             rows = slots.slots_of(r)
             live = rows[: len(search.live)]
-            parents, tokens = search.advance(log_softmax(logits[live]))
+            parents, tokens = search.advance(logprobs[r])
             if search.done:
                 generated += self._end_beams(r, search, now)
                 continue
@@ -261,9 +270,11 @@ class Engine:
             self.metrics.finished.labels(r.finish_reason.value).inc()
             self._sinks.add(r.sink)
         self._ended_waiting.clear()
-        self.metrics.running.set(self.runner.slots.n_live)
-        self.metrics.waiting.set(self.scheduler.n_waiting)
-        self.metrics.kv_cache_bytes.set(self.runner.nbytes)
+        gauges = (self.runner.slots.n_live, self.scheduler.n_waiting, self.runner.nbytes)
+        if gauges != self._gauges:
+            for gauge, value in zip((self.metrics.running, self.metrics.waiting, self.metrics.kv_cache_bytes), gauges):
+                gauge.set(value)
+            self._gauges = gauges
         if not self.runner.slots.n_live:
             self._last_step_at = None  # an idle gap is not an inter-token latency
         for sink in self._sinks:
@@ -300,12 +311,6 @@ class Engine:
                 log.exception("engine step failed")
                 self._fail(self._live())
                 self._emit(Plan([], [], [], []))
-
-
-def _logprob(logits: np.ndarray, token: int, top: int) -> TokenLogprob:
-    """The chosen token's log-probability under the model at this step, with the top alternatives."""
-    lp = log_softmax(logits)  # (V,)
-    return TokenLogprob(token, float(lp[token]), top_alternatives(lp, top))
 
 
 def _logprobs(beam: Beam) -> tuple[TokenLogprob, ...]:

@@ -29,6 +29,7 @@ class InPlaceCache:
         self.device, self.n_layers, self.heads, self.head_dim, self.dtype = device, n_layers, heads, head_dim, dtype
         shape = (capacity, heads, max_len, head_dim)
         self.self_kv = [np.zeros(shape, dtype) for _ in range(2 * n_layers)]  # (C, H, L, Dh): K0, V0, K1, V1, ...
+        self._self_row_bytes = sum(b[0].nbytes for b in self.self_kv)
         self._ids = np.zeros((capacity, 1), np.int64)  # (C, 1) step inputs, refilled in place every step
         self._lens = np.zeros(capacity, np.int32)  # (C,)
         self._total = np.zeros((), np.int32)  # scalar: the longest row's length after this step
@@ -56,13 +57,16 @@ class InPlaceCache:
     def nbytes(self, live_rows: int) -> int:
         """Bytes reserved for the live rows (their self K/V buffers and cross K/V); the preallocated rest of the
         capacity is free, so an idle server reports 0."""
-        per_row = sum(b[0].nbytes for b in self.self_kv) + sum(c[0].nbytes for c in self.cross)
-        return live_rows * per_row
+        return live_rows * (self._self_row_bytes + sum(c[0].nbytes for c in self.cross))
 
-    def admit(self, crosses: list[list[np.ndarray]], into: list[int]) -> None:
-        """New rows' encoder K/V [(H, Sn, Dh) per layer and kind] go into their slots."""
+    def admit(self, crosses: list[list[np.ndarray]], into: list[int], empty: bool = False) -> None:
+        """New rows' encoder K/V [(H, Sn, Dh) per layer and kind] go into their slots. empty: no other row is live,
+        so the width may also shrink (only when more than twice what the new rows need: a width kept across requests
+        keeps the step's IO bindings, which cost more to rebuild than a few padded source columns)."""
         width = max(c[0].shape[1] for c in crosses)
-        if width > self.width:  # a longer source than any before: widen (the only copy this cache makes)
+        if empty and self.width > 2 * width:
+            self._reset_cross(self.capacity, width)
+        if width > self.width:  # a longer source than any live one: widen (the only copy this cache makes)
             old_cross, old_mask, old_width = self.cross, self.src_mask, self.width
             self._reset_cross(self.capacity, width)
             for new, old in zip(self.cross, old_cross):
@@ -79,9 +83,7 @@ class InPlaceCache:
         self.src_mask[slots] = 0  # a free slot attends to no source: finite, ignored logits
 
     def after_leave(self, slots: Slots) -> None:
-        """Once every row has left, the cross buffers shrink back (the next sources set their width again)."""
-        if slots.hi == 0 and self.width:
-            self._reset_cross(self.capacity, 0)
+        """Nothing to do: rows never move, and a free slot's stale K/V are never read."""
 
     def reorder(self, dst: list[int], src: list[int]) -> None:
         """Beam search: rows dst take over the self K/V of rows src, in place (fancy indexing reads src first)."""

@@ -103,7 +103,7 @@ class ConcatCache:
         self.src_mask[slots] = 0
         self.live[slots] = 0
 
-    def admit(self, crosses: list[list[np.ndarray]], into: list[int]) -> None:
+    def admit(self, crosses: list[list[np.ndarray]], into: list[int], empty: bool = False) -> None:
         """New rows: each one's encoder K/V per layer and kind [(H, Sn, Dh), ...] goes into its slot. A slot at or past
         the batch's end grows the batch (slots are handed out lowest first, so growth is always at the end)."""
         width = max([self.src_mask.shape[1]] + [c[0].shape[1] for c in crosses])

@@ -104,7 +104,7 @@ class Runner:
             return
         rows = [r for r in requests for _ in range(r.n_rows)]  # a beam request's beams all start from its source
         into = self.slots.free(len(rows))
-        self.cache.admit([r.cross for r in rows], into)
+        self.cache.admit([r.cross for r in rows], into, empty=not self.slots.n_live)
         for slot, request in zip(into, rows):
             self.slots.place(request, slot)
         for request in requests:

@@ -15,13 +15,11 @@ def choose(logits: np.ndarray, per_row: dict[int, tuple[Request, np.ndarray]], e
            banned: np.ndarray, no_eos: np.ndarray | None = None) -> np.ndarray:
     """logits (B, V) float32 -> chosen ids (B,) int64. per_row maps a row to (its request, the ids it generated so
     far) for the rows that are not greedy; banned (K,) are the ids sampling never returns; no_eos (B,) bool marks
-    greedy rows still short of min_new_tokens."""
-    chosen = logits.argmax(axis=-1)  # (B,) one vectorised argmax serves every greedy row
+    greedy rows still short of min_new_tokens: their end token is masked in logits itself (take log-probabilities
+    before calling this)."""
     if no_eos is not None and no_eos.any():
-        rows = np.flatnonzero(no_eos)
-        masked = logits[rows]  # (R, V) a copy: the logits stay the model's (log-probabilities are taken from them)
-        masked[:, eos_id] = -np.inf
-        chosen[rows] = masked.argmax(axis=-1)
+        logits[no_eos, eos_id] = -np.inf
+    chosen = logits.argmax(axis=-1)  # (B,) one vectorised argmax serves every greedy row
     for row, (request, generated) in per_row.items():
         chosen[row] = sample_row(logits[row], request, generated, eos_id, banned)
     return chosen.astype(np.int64)

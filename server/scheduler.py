@@ -29,7 +29,10 @@ class SchedulerConfig:
     cross_bytes_per_token: int = 0  # set from the model by the app: K and V bytes of one source token, all layers
 
 
-SWEEP_SECONDS = 0.01  # how stale a waiting request's cancel or deadline may be before it is noticed
+# How stale a cancel or deadline may be before it is noticed: a running row costs a step, so it is looked at often;
+# the waiting queue (up to max_waiting requests) costs nothing while it waits, and a scan of it costs more.
+SWEEP_SECONDS = 0.01
+WAITING_SWEEP_SECONDS = 0.1
 
 
 class QueueFull(Exception):
@@ -54,7 +57,7 @@ class Scheduler:
         self._longest = self._most_new = 0  # running rows' longest source and max_new_tokens (may overstate: see _fits)
         self.encoded_bytes = 0  # cross K/V held by ENCODED waiting requests
         self._lock = threading.Lock()  # add() comes from the gRPC loop, schedule() from the engine thread
-        self._swept = float("-inf")  # when the queues were last scanned for cancelled and expired requests
+        self._swept = self._swept_waiting = float("-inf")  # when running / waiting were last scanned
 
     def add(self, request: Request) -> None:
         with self._lock:
@@ -84,8 +87,11 @@ class Scheduler:
                 swept = self._sweep_running(now)
                 abandoned = [r for r, ended_here in swept if ended_here]
                 retired += [r for r, _ in swept]
+            if not (0 <= now - self._swept_waiting < WAITING_SWEEP_SECONDS):
+                self._swept_waiting = now
                 dropped = self._drop_abandoned(now)
-            self.rows -= sum(r.n_rows for r in retired)
+            for r in retired:
+                self.rows -= r.n_rows
             admitted = self._admit(now)
             encode = self._encode(admitted)
         return Plan(retired, encode, admitted, dropped, abandoned)
