@@ -121,7 +121,7 @@ class App:
         runner = Runner(s.bundle, runtime, s.variant, capacity=s.max_batch_size, kv_cache=s.kv_cache)
         scheduler = Scheduler(SchedulerConfig(s.max_batch_size, s.max_waiting, s.max_kv_tokens, s.encode_batch,
                                               s.max_encoded_bytes, runner.cross_bytes_per_token))
-        engine = Engine(runner, tokenizer, scheduler, self.metrics)
+        engine = Engine(runner, tokenizer, scheduler, self.metrics, stream_interval=s.stream_interval)
         self._warm_up(engine, tokenizer)
         engine.start()
         return runner, tokenizer, limits, engine

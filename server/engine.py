@@ -27,13 +27,16 @@ log = logging.getLogger(__name__)
 
 
 class Engine:
-    def __init__(self, runner: Runner, tokenizer: Tokenizer, scheduler: Scheduler, metrics: Metrics | None = None):
+    def __init__(self, runner: Runner, tokenizer: Tokenizer, scheduler: Scheduler, metrics: Metrics | None = None,
+                 stream_interval: int = 1):
         self.runner, self.tokenizer, self.scheduler = runner, tokenizer, scheduler
+        self.stream_interval = stream_interval  # a stream's message carries this many tokens (the last one fewer)
         self.metrics = metrics or Metrics()
         special = runner.manifest.special_tokens
         self.eos_id = special["eos_id"]
         self.banned = np.array([special[k] for k in ("pad_id", "bos_id", "unk_id")], np.int64)  # never sampled
         self._text: dict[Request, TextStream] = {}  # text of each running request that streams or has stop strings
+        self._unsent: dict[Request, tuple[list[int], list[str]]] = {}  # a stream's ids and text not yet emitted
         self._sampled: set[Request] = set()  # running requests whose token is not a plain argmax
         self._beams: dict[Request, BeamSearch] = {}  # running beam requests (their rows are chosen by the search)
         self._logprobs: dict[Request, list[TokenLogprob]] = {}  # running requests that return log-probabilities
@@ -154,6 +157,7 @@ class Engine:
 
     def _forget(self, r: Request) -> None:
         self._text.pop(r, None)
+        self._unsent.pop(r, None)
         self._sampled.discard(r)
         self._beams.pop(r, None)
         self._logprobs.pop(r, None)
@@ -238,10 +242,17 @@ class Engine:
         self.metrics.queue_duration.observe(r.scheduled_at - r.arrival)
         self.metrics.time_to_first_token.observe(now - r.arrival)
 
-    def _stream(self, r: Request, ids: tuple[int, ...], piece: str) -> None:
-        if r.stream:
-            r.emit(ids, piece)
+    def _stream(self, r: Request, ids: tuple[int, ...], piece: str, last: bool = False) -> None:
+        """Hands a stream its new ids and text every stream_interval tokens, and the rest at its end."""
+        if not r.stream:
+            return
+        unsent_ids, unsent_text = self._unsent.setdefault(r, ([], []))
+        unsent_ids += ids
+        unsent_text.append(piece)
+        if last or len(unsent_ids) >= self.stream_interval:
+            r.emit(tuple(unsent_ids), "".join(unsent_text))
             self._sinks.add(r.sink)
+            del self._unsent[r]
 
     def _end(self, r: Request, slot: int, reason: FinishReason, now: float) -> None:
         r.output_ids = self.runner.slots.output(slot)
@@ -249,7 +260,7 @@ class Engine:
         if text is None:
             r.text = self.tokenizer.decode(r.output_ids, skip_special_tokens=True)
         else:
-            self._stream(r, (), text.close(r.output_ids))
+            self._stream(r, (), text.close(r.output_ids), last=True)
             r.text = text.text
         track = self._logprobs.get(r)
         if track is None:

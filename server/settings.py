@@ -67,6 +67,9 @@ class Settings:
     max_waiting: int = _opt(256, "queued requests beyond which calls get RESOURCE_EXHAUSTED", type=int)
     max_kv_tokens: int = _opt(65_536, "KV-cache budget in token slots: rows x (longest source + largest "
                                       "max_new_tokens) stays within it", type=int)
+    stream_interval: int = _opt(1, "GenerateStream sends a message every this many tokens (and at the end): 1 = "
+                                   "every token; more cuts the per-message gRPC cost when many streams run at once",
+                                type=int)
     encode_batch: int = _opt(64, "encode-ahead: most waiting sources one encoder call takes when a joining row has "
                                  "no encoder output yet", type=int)
     max_encoded_bytes: int = _opt(64 * MiB, "encode-ahead: cross-attention K/V bytes held for waiting requests",
@@ -106,7 +109,7 @@ class Settings:
             yield f"bundle {self.bundle}: no manifest.json there (--bundle / {env_name('bundle')})"
         for name, lo, hi in (("port", 0, 65535), ("metrics_port", -1, 65535), ("intra_op_threads", 0, None),
                              ("inter_op_threads", 0, None), ("max_batch_size", 1, None), ("max_waiting", 1, None),
-                             ("max_kv_tokens", 1, None), ("encode_batch", 1, None),
+                             ("max_kv_tokens", 1, None), ("encode_batch", 1, None), ("stream_interval", 1, None),
                              ("max_encoded_bytes", 0, None), ("max_input_tokens", 1, None), ("max_new_tokens", 1, None),
                              ("default_max_new_tokens", 1, None), ("max_stop_strings", 0, None),
                              ("max_batch_inputs", 1, None), ("max_num_beams", 1, None), ("max_top_logprobs", 0, None),

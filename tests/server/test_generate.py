@@ -106,3 +106,14 @@ def test_model_info(served):
     assert int(info.config["d_model"]) > 0
     assert info.limits.max_new_tokens > 0 and info.limits.max_input_tokens == int(info.config["max_positions"])
     assert 0 < info.limits.default_max_new_tokens <= info.limits.max_new_tokens
+
+
+def test_stream_interval_groups_tokens_and_still_adds_up_to_the_unary_text(make_server, heldout):
+    s = make_server(stream_interval=4)
+    src = max((src for src, _ in heldout), key=len)
+    unary = s.stub.Generate(request(src, max_new_tokens=14, min_new_tokens=14), timeout=30)
+    messages = list(s.stub.GenerateStream(request(src, max_new_tokens=14, min_new_tokens=14), timeout=30))
+    sizes = [len(m.token_ids) for m in messages]  # groups of 4 (a slow reader may get several in one message)
+    assert sum(sizes) == 14 and all(n % 4 == 0 for n in sizes[:-1]) and sizes[-1] % 4 == 2 and len(sizes) > 1
+    assert "".join(m.text for m in messages) == unary.text
+    assert [t for m in messages for t in m.token_ids] == list(unary.token_ids)
