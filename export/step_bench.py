@@ -17,6 +17,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -28,20 +29,19 @@ from seqserve.export import variants as vr
 from seqserve.export.inplace_decoder import export_inplace_decoder
 from seqserve.export.onnx_export import export_decoder
 from seqserve.export.ort_io import cpu_session, inplace_step
+from seqserve.model import presets
 from seqserve.model.config import ModelConfig
 from seqserve.model.transformer import Transformer
 
-SHAPES = {  # d_model, heads, layers (each stack), d_ff, vocab
-    "default": dict(d_model=128, n_heads=4, n_encoder_layers=3, n_decoder_layers=3, d_ff=512, vocab_size=2000),
-    "small": dict(d_model=256, n_heads=4, n_encoder_layers=3, n_decoder_layers=3, d_ff=1024, vocab_size=8000),
-    "base": dict(d_model=512, n_heads=8, n_encoder_layers=6, n_decoder_layers=6, d_ff=2048, vocab_size=8000),
-}
+_DEFAULT = presets.preset("default")
+SHAPES = {"default": asdict(_DEFAULT.arch) | {"vocab_size": _DEFAULT.vocab_size}} | {
+    name: asdict(arch) | {"vocab_size": presets.SHAPE_VOCAB} for name, arch in presets.SHAPES.items()}
 SRC_LEN, STEPS = 16, 32  # the graph-loop setting; --steps lengthens the generation
 
 
 def random_model(shape: str) -> Transformer:
     torch.manual_seed(0)
-    return Transformer(ModelConfig(**SHAPES[shape], dropout=0.0, max_positions=256)).eval()
+    return Transformer(ModelConfig(**SHAPES[shape] | {"dropout": 0.0, "max_positions": 256})).eval()
 
 
 def _kv(cfg, batch: int, length: int, rng) -> list[np.ndarray]:

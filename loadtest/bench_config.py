@@ -9,12 +9,13 @@ from pathlib import Path
 
 from seqserve.contract.devices import DEVICES
 from seqserve.contract.names import KV_CACHES
+from seqserve.model.presets import SHAPES
 
 DEFAULT_BATCH_SIZES = (1, 8, 32, 64)
 DEFAULT_BEAM_BATCH_SIZES = (1, 16)  # sources per batch; at width 4, batch 16 is 64 decoder rows
 DEFAULT_N = 256
 DEFAULT_NUM_BEAMS = 4
-SHAPE_NAMES = ("default", "base", "small")  # default = the given checkpoint; the others: loadtest/shapes.py SHAPES
+SHAPE_NAMES = ("default", *SHAPES)  # the trained checkpoint, or a random-weight size of model/presets.py
 FORCED_TOKENS = 32  # base/small: every backend generates exactly this many tokens per input (random weights)
 THREADS_HELP = ("intra-op threads for every backend (default 1: more threads than free cores made a row 30x slower "
                 "on a busy 2-core machine, issue 9; raise it only on a quiet machine with that many free cores)")

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -26,15 +26,11 @@ from seqserve.contract.tokenizer import EOS, SPECIAL_TOKENS, UNK
 from seqserve.contract.tsv import HELDOUT
 from seqserve.export.bundle import export_bundle
 from seqserve.model import checkpoint as ck
+from seqserve.model import presets
 from seqserve.model.config import ModelConfig
 from seqserve.model.transformer import Transformer
 
-SHAPES = {
-    "base": ModelConfig(vocab_size=8000, d_model=512, n_heads=8, n_encoder_layers=6, n_decoder_layers=6, d_ff=2048,
-                        dropout=0.0),
-    "small": ModelConfig(vocab_size=8000, d_model=256, n_heads=4, n_encoder_layers=3, n_decoder_layers=3, d_ff=1024,
-                         dropout=0.0),
-}
+SHAPES = {name: ModelConfig(vocab_size=presets.SHAPE_VOCAB, **asdict(arch)) for name, arch in presets.SHAPES.items()}
 SOURCE_TOKENS = 16  # per random source, the end token included (the graph-loop setting)
 MARKER = "shape.json"  # what a prepared directory holds; a directory is reused only when this matches exactly
 

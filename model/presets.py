@@ -102,3 +102,12 @@ def preset(name: str, **overrides) -> TrainConfig:
     if name not in PRESETS:
         raise ValueError(f"unknown preset {name!r}; choose from {sorted(PRESETS)}")
     return replace(PRESETS[name], **overrides)
+
+
+# Standard model sizes for benchmarks with random weights (seqserve bench --shape, export/step_bench.py): small, and
+# Transformer-base / MarianMT's; vocabulary 8,000. The architecture only: no training preset uses them.
+SHAPES: dict[str, ArchConfig] = {
+    "small": ArchConfig(d_model=256, n_heads=4, n_encoder_layers=3, n_decoder_layers=3, d_ff=1024, dropout=0.0),
+    "base": ArchConfig(d_model=512, n_heads=8, n_encoder_layers=6, n_decoder_layers=6, d_ff=2048, dropout=0.0),
+}
+SHAPE_VOCAB = 8_000
