@@ -107,7 +107,7 @@ class Engine:
                     self.runner.encode([r])
                 except Exception:
                     self.scheduler.unencode([r])
-                    # a running one is counted when it is retired; a waiting one now
+                    # both are counted this step; a running one is also retired by the next schedule
                     (self._ended if r.status is RequestStatus.RUNNING else self._ended_waiting).append(r)
                     r.end(FinishReason.ERROR, time.monotonic(), finish.ERROR_MESSAGE)
                     self._sinks.add(r.sink)
