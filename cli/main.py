@@ -216,10 +216,10 @@ def _add_bench_command(sub) -> None:
         add_arguments,  # stdlib only: each row imports its backend in its own process
     )
 
-    p = sub.add_parser("bench", help="PyTorch vs the engine (fp32/int8) vs CTranslate2 on the same held-out inputs",
-                       description="Decodes the same held-out inputs greedily with each backend, precision and batch "
-                                   "size, each row in a fresh process; prints the table and writes JSON (--out) and "
-                                   "optionally the markdown section (--markdown).")
+    p = sub.add_parser("bench", help="PyTorch vs the engine vs its graph in a bare loop vs CTranslate2, same inputs",
+                       description="Decodes the same inputs with each backend, precision and batch size (greedy, and "
+                                   "beam rows), each row in a fresh process; prints the table and the engine's ratios "
+                                   "and writes JSON (--out) and optionally the markdown section (--markdown).")
     add_arguments(p)
     p.set_defaults(func=_bench)
 

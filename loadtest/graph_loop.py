@@ -24,7 +24,7 @@ import onnxruntime as ort
 from seqserve.contract import names
 from seqserve.contract.manifest import load_manifest
 from seqserve.server.device import Device, RuntimeConfig
-from seqserve.server.runner import choose_cache
+from seqserve.server.runner import choose_cache, run_encoder
 
 Step = Callable[[np.ndarray, int], np.ndarray]  # (last ids (B,), step t) -> logits (B, V)
 
@@ -61,7 +61,7 @@ class GraphLoop:
                 for ids in self._batch(sources[i : i + batch_size], max_new_tokens, min_new_tokens)]
 
     def _batch(self, sources: list[list[int]], max_new_tokens: int, min_new_tokens: int) -> list[list[int]]:
-        cross, src_mask = self._encode(sources)
+        cross, src_mask = run_encoder(self.encoder, self.device, self.pad_id, self.n_layers, sources)
         step = self._inplace(cross, src_mask) if self.kv_cache == names.KV_INPLACE else self._concat(cross, src_mask)
         b = len(sources)
         out = np.zeros((b, max_new_tokens), np.int64)  # (B, T)
@@ -78,21 +78,6 @@ class GraphLoop:
             if (lengths < max_new_tokens).all():
                 break
         return [row[:n].tolist() for row, n in zip(out, lengths)]
-
-    def _encode(self, sources: list[list[int]]) -> tuple[list[ort.OrtValue], np.ndarray]:
-        """Right-padded sources -> cross K/V per layer and kind (B, H, S, Dh) on the device, and the mask (B, S)."""
-        width = max(len(s) for s in sources)
-        ids = np.full((len(sources), width), self.pad_id, np.int64)  # (B, S)
-        mask = np.zeros((len(sources), width), np.int64)  # (B, S)
-        for i, s in enumerate(sources):
-            ids[i, : len(s)], mask[i, : len(s)] = s, 1
-        binding = self.encoder.io_binding()
-        binding.bind_cpu_input(names.INPUT_IDS, ids)
-        binding.bind_cpu_input(names.ATTENTION_MASK, mask)
-        for name in names.encoder_outputs(self.n_layers):
-            binding.bind_output(name, self.device.ort_device)
-        self.encoder.run_with_iobinding(binding)
-        return binding.get_outputs(), mask
 
     def _inplace(self, cross: list[ort.OrtValue], src_mask: np.ndarray) -> Step:
         b = src_mask.shape[0]

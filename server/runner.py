@@ -85,18 +85,8 @@ class Runner:
 
     def run_encoder(self, sources: list[list[int]]) -> tuple[list[np.ndarray], np.ndarray]:
         """Right-padded sources -> cross K/V per layer and kind (B, H, S, Dh) as host arrays, and the mask (B, S)."""
-        width = max(len(s) for s in sources)
-        ids = np.full((len(sources), width), self.pad_id, np.int64)  # (B, S)
-        mask = np.zeros((len(sources), width), np.int64)
-        for i, s in enumerate(sources):
-            ids[i, : len(s)], mask[i, : len(s)] = s, 1
-        binding = self.encoder.io_binding()
-        binding.bind_cpu_input(names.INPUT_IDS, ids)
-        binding.bind_cpu_input(names.ATTENTION_MASK, mask)
-        for name in names.encoder_outputs(self.n_layers):
-            binding.bind_output(name, self.device.ort_device)
-        self.encoder.run_with_iobinding(binding)
-        return [self.device.get(v) for v in binding.get_outputs()], mask
+        cross, mask = run_encoder(self.encoder, self.device, self.pad_id, self.n_layers, sources)
+        return [self.device.get(v) for v in cross], mask
 
     def admit(self, requests: list[Request]) -> None:
         """Encoded requests take the lowest free slots; their cross K/V move into the cache."""
@@ -138,3 +128,21 @@ class Runner:
         """Beam search: rows dst continue from rows src (tokens so far and self K/V)."""
         self.slots.copy_rows(dst, src)
         self.cache.reorder(dst, src)
+
+
+def run_encoder(encoder, device: Device, pad_id: int, n_layers: int,
+                sources: list[list[int]]) -> tuple[list, np.ndarray]:
+    """Right-padded sources -> cross K/V per layer and kind (B, H, S, Dh) as OrtValues on the device, and the mask
+    (B, S) (the runner and loadtest/graph_loop.py both encode through here)."""
+    width = max(len(s) for s in sources)
+    ids = np.full((len(sources), width), pad_id, np.int64)  # (B, S)
+    mask = np.zeros((len(sources), width), np.int64)  # (B, S)
+    for i, s in enumerate(sources):
+        ids[i, : len(s)], mask[i, : len(s)] = s, 1
+    binding = encoder.io_binding()
+    binding.bind_cpu_input(names.INPUT_IDS, ids)
+    binding.bind_cpu_input(names.ATTENTION_MASK, mask)
+    for name in names.encoder_outputs(n_layers):
+        binding.bind_output(name, device.ort_device)
+    encoder.run_with_iobinding(binding)
+    return binding.get_outputs(), mask
