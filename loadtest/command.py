@@ -11,10 +11,11 @@ from seqserve.loadtest.summary import METHODS
 from seqserve.loadtest.sweep import Sweep
 from seqserve.server.channel import add_connection_arguments
 from seqserve.server.client import add_decoding_arguments
+from seqserve.server.flags import DEFAULT_ADDRESS
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--target", default="127.0.0.1:50051",
+    parser.add_argument("--target", default=DEFAULT_ADDRESS,
                         help="host:port of the gRPC server (default %(default)s)")
     add_connection_arguments(parser)  # TLS, mutual TLS and a bearer token, as every seqserve client
     parser.add_argument("--heldout", default="artifacts/bundle",

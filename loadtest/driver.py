@@ -20,6 +20,7 @@ from seqserve.loadtest.summary import METHODS, Summary
 from seqserve.loadtest.workload import heldout_file
 from seqserve.server.channel import CONNECTION_HELP
 from seqserve.server.client import decoding_from_args, option_flags, options
+from seqserve.server.flags import flag
 
 LOCUSTFILE = Path(__file__).with_name("locustfile.py")
 _DURATION = re.compile(r"(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?")
@@ -81,7 +82,7 @@ class LoadTest:
         argv += ["--reset-stats"] if self.reset_stats else []
         argv += ["--timeout", str(self.timeout_s)] if self.timeout_s else []
         for name, value in self.connection.items():  # locust's users open their channels with the same flags
-            argv += ["--" + name.replace("_", "-")] + ([] if value is True else [str(value)])
+            argv += [flag(name)] + ([] if value is True else [str(value)])
         return argv + option_flags(self.decoding)
 
 

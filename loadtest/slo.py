@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 
 from seqserve.loadtest.summary import Summary
+from seqserve.server.flags import flag as _flag
 
 
 def _slo(help: str, measure, upper: bool):
@@ -60,7 +61,3 @@ def missed(verdicts: dict[str, dict]) -> list[str]:
 
 def _value(value: float | None) -> str:
     return "nothing" if value is None else f"{value:g}"
-
-
-def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import grpc
 
+from seqserve.server.flags import flag
+
 TOKEN_ENV = "SEQSERVE_TOKEN"
 AUTHORIZATION = "authorization"  # gRPC metadata keys are lower case
 BEARER = "Bearer "
@@ -66,11 +68,10 @@ class Connection:
 def add_connection_arguments(parser, **extra) -> None:
     """The connection flags (extra: keywords every add_argument gets, e.g. locust's include_in_web_ui)."""
     for name, help_text in CONNECTION_HELP.items():
-        flag = "--" + name.replace("_", "-")
         if name == "tls":
-            parser.add_argument(flag, action="store_true", help=help_text, **extra)
+            parser.add_argument(flag(name), action="store_true", help=help_text, **extra)
         else:
-            parser.add_argument(flag, help=help_text, **extra)
+            parser.add_argument(flag(name), help=help_text, **extra)
 
 
 def connection_from_args(args, environ: dict | None = None) -> Connection:

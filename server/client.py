@@ -1,9 +1,10 @@
 """A small synchronous Python client for seqserve.v1.Generation.
 
     with Client("127.0.0.1:50051") as client:
-        print(client.generate("b 5 9", max_new_tokens=20).text)
-        for piece in client.stream("b 5 9", temperature=0.8, seed=1):
+        print(client.generate("<fr> 1 234", max_new_tokens=20).text)
+        for piece in client.stream("<fr> 1 234", temperature=0.8, seed=1):
             print(piece.text, end="", flush=True)
+        print()
 
 Decoding options are keywords named exactly as the proto's DecodingOptions fields (an unknown name raises
 ValueError); None leaves an option unset so the server's default applies. Errors are grpc.RpcError.
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 from google.protobuf.descriptor import FieldDescriptor
 
 from seqserve.server.channel import Connection
+from seqserve.server.flags import DEFAULT_ADDRESS, flag, parse_bool
 from seqserve.v1 import seqserve_pb2 as pb
 from seqserve.v1 import seqserve_pb2_grpc as pb_grpc
 
@@ -42,27 +44,19 @@ OPTION_HELP = {
 }
 
 
-def _flag_bool(value: str) -> bool:
-    """A boolean option given as text (locust's web UI form): true/false, 1/0, yes/no, on/off."""
-    text = value.strip().lower()
-    if text not in ("true", "1", "yes", "on", "false", "0", "no", "off"):
-        raise ValueError(f"not a boolean: {value!r}")
-    return text in ("true", "1", "yes", "on")
-
-
 _FLAG_TYPES = {FieldDescriptor.TYPE_UINT32: int, FieldDescriptor.TYPE_INT32: int, FieldDescriptor.TYPE_UINT64: int,
                FieldDescriptor.TYPE_FLOAT: float, FieldDescriptor.TYPE_STRING: str,
-               FieldDescriptor.TYPE_BOOL: _flag_bool}
+               FieldDescriptor.TYPE_BOOL: parse_bool}
 
 
 def add_decoding_arguments(parser) -> None:
     """One flag per DecodingOptions field, named after it (`--max-new-tokens`); every command that decodes uses this."""
     for f in pb.DecodingOptions.DESCRIPTOR.fields:
-        flag = "--" + f.name.replace("_", "-")
+        name = flag(f.name)
         if f.type == FieldDescriptor.TYPE_BOOL:  # --return-logprobs / --no-return-logprobs; absent = unset
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=OPTION_HELP[f.name])
+            parser.add_argument(name, action=argparse.BooleanOptionalAction, default=None, help=OPTION_HELP[f.name])
         else:
-            parser.add_argument(flag, type=_FLAG_TYPES[f.type], help=OPTION_HELP[f.name],
+            parser.add_argument(name, type=_FLAG_TYPES[f.type], help=OPTION_HELP[f.name],
                                 action="append" if f.is_repeated else "store")
 
 
@@ -70,12 +64,11 @@ def option_flags(decoding: dict) -> list[str]:
     """The flags that give these decoding keywords back through add_decoding_arguments (None = left out)."""
     flags = []
     for name, value in decoding.items():
-        flag = "--" + name.replace("_", "-")
         if isinstance(value, bool):
-            flags.append(flag if value else "--no-" + flag[2:])
+            flags.append(flag(name) if value else flag("no_" + name))
             continue
         for v in value if isinstance(value, list) else [] if value is None else [value]:
-            flags.append(f"{flag}={v}")  # `=` keeps a stop string like "-" a value
+            flags.append(f"{flag(name)}={v}")  # `=` keeps a stop string like "-" a value
     return flags
 
 
@@ -167,7 +160,7 @@ def _result(m, text: str, token_ids: list[int]) -> Result:
 
 
 class Client:
-    def __init__(self, address: str = "127.0.0.1:50051", timeout: float | None = None,
+    def __init__(self, address: str = DEFAULT_ADDRESS, timeout: float | None = None,
                  connection: Connection = Connection()) -> None:
         """timeout: the default deadline of every call in seconds (None = no deadline); connection: plaintext by
         default, or TLS / mutual TLS / a bearer token."""
@@ -176,21 +169,30 @@ class Client:
         self.stub = pb_grpc.GenerationStub(self.channel)
 
     def generate(self, input: str, *, timeout: float | None = None, **decoding) -> Result:
-        m = self.stub.Generate(pb.GenerateRequest(input=input, options=options(**decoding)),
-                               timeout=timeout or self.timeout)
+        m = self.generate_response(input, timeout=timeout, **decoding)
         return _result(m, m.text, list(m.token_ids))
+
+    def generate_response(self, input: str, *, timeout: float | None = None, **decoding) -> pb.GenerateResponse:
+        """The server's GenerateResponse itself (`seqserve generate --json` prints it)."""
+        return self.stub.Generate(pb.GenerateRequest(input=input, options=options(**decoding)),
+                                  timeout=timeout or self.timeout)
 
     def stream(self, input: str, *, timeout: float | None = None, **decoding) -> Iterator[Piece]:
         """Yields pieces as the server produces them; breaking out of the loop cancels the call."""
+        text, ids = [], []
+        for m in self.stream_responses(input, timeout=timeout, **decoding):
+            text.append(m.text)
+            ids += m.token_ids
+            final = _result(m, "".join(text), ids) if m.finish_reason else None
+            yield Piece(m.text, list(m.token_ids), final)
+
+    def stream_responses(self, input: str, *, timeout: float | None = None,
+                         **decoding) -> Iterator[pb.GenerateStreamResponse]:
+        """The server's GenerateStreamResponse messages themselves; breaking out of the loop cancels the call."""
         call = self.stub.GenerateStream(pb.GenerateRequest(input=input, options=options(**decoding)),
                                         timeout=timeout or self.timeout)
-        text, ids = [], []
         try:
-            for m in call:
-                text.append(m.text)
-                ids += m.token_ids
-                final = _result(m, "".join(text), ids) if m.finish_reason else None
-                yield Piece(m.text, list(m.token_ids), final)
+            yield from call
         finally:
             call.cancel()  # no-op once the stream ended; frees the server's row if the caller stopped early
 

@@ -12,6 +12,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from seqserve.server.channel import Connection, add_connection_arguments, connection_from_args
+from seqserve.server.flags import DEFAULT_ADDRESS
 
 
 def check(address: str, service: str = "", timeout: float = 3.0, connection: Connection = Connection()) -> str:
@@ -27,7 +28,7 @@ def check(address: str, service: str = "", timeout: float = 3.0, connection: Con
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m seqserve.server.healthcheck", description=__doc__)
-    parser.add_argument("address", nargs="?", default="127.0.0.1:50051", help="host:port of the gRPC server")
+    parser.add_argument("address", nargs="?", default=DEFAULT_ADDRESS, help="host:port of the gRPC server")
     parser.add_argument("--service", default="", help='service to ask about ("" = the whole server)')
     parser.add_argument("--timeout", type=float, default=3.0, help="deadline in seconds")
     add_connection_arguments(parser)

@@ -15,6 +15,8 @@ from pathlib import Path
 from seqserve.contract.devices import DEVICES
 from seqserve.contract.manifest import VARIANTS
 from seqserve.contract.names import KV_CACHES
+from seqserve.server.flags import DEFAULT_PORT, parse_bool
+from seqserve.server.flags import flag as _flag
 
 ENV_PREFIX = "SEQSERVE_"
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
@@ -36,7 +38,7 @@ class Settings:
     bundle: Path | None = _opt(None, "bundle directory written by `seqserve export` (required)", type=Path)
     bind: str = _opt("127.0.0.1", "address the gRPC server binds: 127.0.0.1 = this machine only; containers set "
                                   "0.0.0.0")
-    port: int = _opt(50051, "gRPC port (0 picks a free one and logs it)", type=int)
+    port: int = _opt(DEFAULT_PORT, "gRPC port (0 picks a free one and logs it)", type=int)
     metrics_bind: str = _opt("127.0.0.1", "address the Prometheus /metrics endpoint binds (its own, so it can stay "
                                           "private while gRPC is public)")
     metrics_port: int = _opt(9090, "Prometheus /metrics HTTP port (0 picks a free one; -1 disables)", type=int)
@@ -208,10 +210,6 @@ def env_name(name: str) -> str:
     return ENV_PREFIX + name.upper()
 
 
-def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
-
-
 def _names(name: str) -> str:
     return f"{_flag(name)} / {env_name(name)}"
 
@@ -234,9 +232,7 @@ def _parse_env(f, raw: str):
     kind = f.metadata.get("type", str)
     try:
         if kind is bool:
-            if raw.strip().lower() not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
-                raise ValueError(raw)
-            return raw.strip().lower() in ("1", "true", "yes", "on")
+            return parse_bool(raw)
         return kind(raw)
     except ValueError:
         raise SettingsError(f"{env_name(f.name)}={raw!r} is not a valid {kind.__name__}") from None
