@@ -36,38 +36,15 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _generate(args: argparse.Namespace) -> int:
-    import math
+    from seqserve.cli.generate import run
 
-    import grpc
-
-    from seqserve.server.channel import connection_from_args
-    from seqserve.server.client import Client, decoding_from_args
-
-    if args.timeout is not None and not (math.isfinite(args.timeout) and args.timeout > 0):
-        raise ValueError(f"--timeout must be a finite number of seconds > 0, got {args.timeout}")
-    decoding = decoding_from_args(args)
-    with Client(args.server, timeout=args.timeout, connection=connection_from_args(args)) as client:
-        try:
-            if args.stream:
-                for piece in client.stream(args.input, **decoding):
-                    print(piece.text, end="", flush=True)
-                    result = piece.result
-                print()
-            else:
-                result = client.generate(args.input, **decoding)
-                print(result.text)
-        except grpc.RpcError as exc:
-            print(f"seqserve generate: error: {exc.code().name}: {exc.details()}", file=sys.stderr)
-            return 1
-    print(f"[{result.finish_reason}: {result.input_tokens} input + {result.generated_tokens} generated tokens, "
-          f"seed {result.seed}, first token {result.first_token_seconds * 1e3:.1f} ms, "
-          f"total {result.total_seconds * 1e3:.1f} ms]", file=sys.stderr)
-    return 0
+    return run(args)
 
 
 def _add_serving_commands(sub) -> None:
     from seqserve.server.channel import add_connection_arguments
     from seqserve.server.client import add_decoding_arguments
+    from seqserve.server.flags import DEFAULT_ADDRESS
     from seqserve.server.settings import add_arguments
 
     p = sub.add_parser("serve", help="serve a bundle over gRPC (flags or SEQSERVE_* environment variables)",
@@ -77,10 +54,18 @@ def _add_serving_commands(sub) -> None:
     add_arguments(p)
     p.set_defaults(func=_serve)
 
-    p = sub.add_parser("generate", help="generate text with a running server")
-    p.add_argument("input", help='source text, e.g. "b 5 9 k"')
-    p.add_argument("--server", default="127.0.0.1:50051", help="host:port of the gRPC server")
+    p = sub.add_parser("generate", help="generate text with a running server",
+                       description="One call to a running server. Prints the text; with beams "
+                                   "(--num-beams 4 --num-return-sequences 4) or --return-logprobs (--top-logprobs 3) "
+                                   "every returned sequence with its score and each token's log-probability and "
+                                   "alternatives (token ids); --json prints the whole response. The summary line "
+                                   "(finish reason, tokens, seed, timings) goes to stderr.")
+    p.add_argument("input", help='source text in the model\'s domain, e.g. "<fr> 1 234" for the default model')
+    p.add_argument("--server", default=DEFAULT_ADDRESS, help="host:port of the gRPC server (default %(default)s)")
     p.add_argument("--stream", action="store_true", help="print pieces as they are produced")
+    p.add_argument("--json", action="store_true",
+                   help="print the whole response as JSON (protobuf's mapping, the proto's field names); with "
+                        "--stream one object per message, one per line")
     p.add_argument("--timeout", type=float, help="deadline of the call in seconds")
     add_connection_arguments(p)  # TLS, client certificate, bearer token (docs/security.md)
     add_decoding_arguments(p)  # the proto's option names; unset ones take the server's defaults
