@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import external_tools
 import pytest
 from fixture_builds import ARTIFACTS, BUILDS, THREADS, SharedArtifacts, fixture_directory
 
@@ -39,6 +40,16 @@ def pytest_collection_finish(session: pytest.Session) -> None:
             report(str(exc))
 
 
+@pytest.hookimpl(wrapper=True, tryfirst=True)  # outermost: after the short test summary
+def pytest_terminal_summary(terminalreporter):
+    """After the short summary: one line naming the external tools whose tests were skipped, and how to get them."""
+    result = yield
+    line = external_tools.summary()
+    if line:
+        terminalreporter.write_line(line, yellow=True, bold=True)
+    return result
+
+
 def pytest_unconfigure(config: pytest.Config) -> None:
     if ARTIFACTS in config.stash:
         config.stash[ARTIFACTS].cleanup()
@@ -54,3 +65,27 @@ def tiny_checkpoint(request) -> Path:
 def tiny_bundle(request) -> Path:
     """The tiny checkpoint exported to an fp32 bundle."""
     return fixture_directory(request.config, "tiny_bundle")
+
+
+@pytest.fixture(scope="session")
+def full_bundle(request) -> Path:
+    """`seqserve export CKPT --out BUNDLE --int8 --fp16` of the trained tiny model (quality: its 200 held-out lines);
+    built once per session like tiny_checkpoint (tests/fixture_builds.py)."""
+    return fixture_directory(request.config, "full_bundle")
+
+
+@pytest.fixture(scope="session")
+def heldout(tiny_bundle) -> list[tuple[str, str]]:
+    """The tiny bundle's held-out (source, target) pairs."""
+    lines = (tiny_bundle / "heldout.tsv").read_text().splitlines()
+    return [tuple(line.split("\t")) for line in lines if line]
+
+
+@pytest.fixture(scope="session")
+def served(tiny_bundle):
+    """The shared server (tests/grpc_harness.py) for tests that only need a healthy one (they must leave it idle)."""
+    from grpc_harness import Served  # onnxruntime and grpc only for the tests that serve
+
+    s = Served(tiny_bundle).wait_ready()
+    yield s
+    s.stop()

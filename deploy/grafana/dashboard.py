@@ -5,12 +5,13 @@ docker-compose.yml runs) rather than written by hand: its builders are generated
 panel, query or variable field that Grafana does not know fails here instead of being ignored silently in a
 5,000-line JSON file, and every panel below is one readable line. grafanalib was the other candidate; its last
 release is from January 2024 and its types trail Grafana's. The JSON stays committed so that Grafana and a review
-need no Python; tests/deploy/test_grafana.py fails when it differs from what this writes.
+need no Python; tests/deploy/test_grafana_dashboard.py fails when it differs from what this writes.
 
     .venv/bin/python deploy/grafana/dashboard.py        # rewrite the JSON after editing the panels below
 
 Each panel shows every replica (legend: its instance) and the total over the replicas picked in $instance.
-Metric names are those of server/metrics.py; tests/deploy check each query against a live Prometheus.
+Metric names are taken from server/metrics.py's objects, never spelled here; tests/deploy check each query against
+a live Prometheus.
 """
 from __future__ import annotations
 
@@ -26,12 +27,21 @@ from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models import common
 from grafana_foundation_sdk.models.dashboard import DataSourceRef, VariableRefresh
 
+from seqserve.server.metrics import Metrics
+
 OUT = Path(__file__).resolve().parent / "dashboards" / "seqserve.json"
 UID = "seqserve"
 DATASOURCE = DataSourceRef(type_val="prometheus", uid="prometheus")  # provisioning/datasources/prometheus.yml
 SELECTED = 'instance=~"$instance"'  # the replicas picked in the $instance variable (all by default)
 WINDOW = "$__rate_interval"
 QUANTILES = (0.5, 0.95, 0.99)
+M = Metrics()  # server/metrics.py: the only place a metric is named
+
+
+def series(metric) -> str:
+    """The name a metric of server/metrics.py is exported under (a counter's with _total)."""
+    family = metric.describe()[0]
+    return family.name + ("_total" if family.type == "counter" else "")
 
 
 @dataclass(frozen=True)
@@ -83,34 +93,34 @@ class Chart:
 
 ROWS: dict[str, list[Chart]] = {
     "Throughput": [
-        Chart("Requests/s", "reqps", per_second("seqserve_requests_total"), "gRPC calls finished per second, any code"),
-        Chart("Generated tokens/s", "suffix: tok/s", per_second("seqserve_generated_tokens_total"),
+        Chart("Requests/s", "reqps", per_second(series(M.requests)), "gRPC calls finished per second, any code"),
+        Chart("Generated tokens/s", "suffix: tok/s", per_second(series(M.generated_tokens)),
               "tokens generated per second (EOS not counted)"),
     ],
     "Latency": [
-        Chart("Time to first token", "s", quantiles("seqserve_time_to_first_token_seconds"),
+        Chart("Time to first token", "s", quantiles(series(M.time_to_first_token)),
               "arrival to first generated token"),
-        Chart("Inter-token latency", "s", quantiles("seqserve_inter_token_latency_seconds"),
+        Chart("Inter-token latency", "s", quantiles(series(M.inter_token_latency)),
               "time between two tokens of a row"),
-        Chart("End-to-end latency", "s", quantiles("seqserve_request_duration_seconds"),
+        Chart("End-to-end latency", "s", quantiles(series(M.request_duration)),
               "arrival to the last token of a generation"),
     ],
     "Batching and memory": [
-        Chart("Queue depth", "short", current("seqserve_waiting_requests"), "requests waiting for admission"),
-        Chart("Running rows", "short", current("seqserve_running_requests"), "rows in the running batch"),
-        Chart("Rows per decoder step", "short", mean("seqserve_batch_rows"), "mean rows in one decoder step"),
-        Chart("KV-cache bytes", "bytes", current("seqserve_kv_cache_bytes"), "bytes held by the KV cache"),
+        Chart("Queue depth", "short", current(series(M.waiting)), "requests waiting for admission"),
+        Chart("Running rows", "short", current(series(M.running)), "rows in the running batch"),
+        Chart("Rows per decoder step", "short", mean(series(M.batch_rows)), "mean rows in one decoder step"),
+        Chart("KV-cache bytes", "bytes", current(series(M.kv_cache_bytes)), "bytes held by the KV cache"),
     ],
     "Engine": [
         Chart("Encoder vs decoder-step time", "s",
-              mean("seqserve_encoder_duration_seconds", "encoder") +
-              mean("seqserve_decoder_step_duration_seconds", "decoder step"),
+              mean(series(M.encoder_duration), "encoder") +
+              mean(series(M.decoder_step_duration), "decoder step"),
               "mean time of one encoder.onnx run (admitted rows) and one decoder.onnx step (whole batch)"),
     ],
     "Errors": [
-        Chart("Errors by code", "reqps", by_label("seqserve_requests_total", "code", ', code!="OK"'),
+        Chart("Errors by code", "reqps", by_label(series(M.requests), "code", ', code!="OK"'),
               "calls per second that ended with a gRPC status other than OK"),
-        Chart("Rejections by reason", "reqps", by_label("seqserve_rejected_requests_total", "reason"),
+        Chart("Rejections by reason", "reqps", by_label(series(M.rejected), "reason"),
               "requests refused before running (queue_full is RESOURCE_EXHAUSTED, draining is UNAVAILABLE)"),
     ],
 }

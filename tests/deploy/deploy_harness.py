@@ -8,9 +8,7 @@ validated. The external tools are Debian packages that .ci/run installs: under C
 from __future__ import annotations
 
 import os
-import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,7 +16,7 @@ import urllib.request
 from pathlib import Path
 
 import grpc
-import pytest
+from ports import free_port
 from prometheus_client.parser import text_string_to_metric_families
 
 from seqserve.server.healthcheck import check
@@ -28,23 +26,6 @@ from seqserve.v1 import seqserve_pb2_grpc as pb_grpc
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 LOOPBACK = "127.0.0.1"
-
-
-def require(tool: str) -> str:
-    """The tool's path; a failure under CI (which installs it), a skip elsewhere."""
-    path = shutil.which(tool)
-    if path is None:
-        message = f"{tool} is not installed (Debian packages nginx, prometheus, docker-compose; .ci/run installs them)"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
-    return path
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((LOOPBACK, 0))
-        return s.getsockname()[1]
 
 
 def wait_until(predicate, timeout: float, what: str, poll: float = 0.05) -> None:

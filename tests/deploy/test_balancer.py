@@ -20,14 +20,14 @@ from deploy_harness import (
     DEPLOY,
     LOOPBACK,
     ROOT,
-    free_port,
     generate_text,
     heldout_inputs,
-    require,
     start_replicas,
     stream_text,
     wait_until,
 )
+from external_tools import require
+from ports import free_port
 from raw_grpc import unary
 
 from seqserve.server.healthcheck import check

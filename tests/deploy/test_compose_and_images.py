@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from deploy_harness import DEPLOY, ROOT, require
+from deploy_harness import DEPLOY, ROOT
+from external_tools import require
 
 from seqserve.cli.main import build_parser
 from seqserve.server.metrics import Metrics

@@ -16,7 +16,9 @@ from pathlib import Path
 import grpc
 import pytest
 import yaml
-from deploy_harness import DEPLOY, LOOPBACK, free_port, heldout_inputs, require, start_replicas, wait_until
+from deploy_harness import DEPLOY, LOOPBACK, heldout_inputs, start_replicas, wait_until
+from external_tools import require
+from ports import free_port
 
 from seqserve.v1 import seqserve_pb2 as pb
 

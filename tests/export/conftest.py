@@ -1,10 +1,10 @@
-"""Export fixtures: a small random model exported once (parity grids) and the tiny model's full bundle (variants)."""
+"""Export fixtures: a small random model exported once (parity grids); the tiny model's full bundle is in
+tests/conftest.py."""
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
-from fixture_builds import fixture_directory
 
 SMALL = dict(vocab_size=50, d_model=32, n_heads=4, n_encoder_layers=2, n_decoder_layers=2, d_ff=64, dropout=0.0,
              max_positions=32)
@@ -41,10 +41,3 @@ def small_sessions(small_graphs):
     from seqserve.export.ort_io import cpu_session
 
     return cpu_session(small_graphs / ENCODER_FILE), cpu_session(small_graphs / DECODER_FILE)
-
-
-@pytest.fixture(scope="session")
-def full_bundle(request) -> Path:
-    """`seqserve export CKPT --out BUNDLE --int8 --fp16` of the trained tiny model (quality: its 200 held-out lines);
-    built once per session like tiny_checkpoint (tests/fixture_builds.py)."""
-    return fixture_directory(request.config, "full_bundle")

@@ -2,21 +2,15 @@
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import urllib.parse
 import urllib.request
 
 from grpc_harness import wait_for
+from ports import free_port
 
 from seqserve.loadtest.driver import LOCUSTFILE
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _post(url: str, form: dict | None = None) -> dict:
@@ -34,7 +28,7 @@ def _up(url: str) -> bool:
 
 
 def test_locustfile_runs_from_the_web_ui(server, tiny_bundle, tmp_path):
-    url = f"http://127.0.0.1:{_free_port()}"
+    url = f"http://127.0.0.1:{free_port()}"
     summary_path = tmp_path / "summary.json"
     with (tmp_path / "locust.log").open("w") as log:
         proc = subprocess.Popen([sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--host", server.address,

@@ -1,16 +1,11 @@
-"""Server fixtures: the tiny ONNX bundle served for real (see tests/grpc_harness.py)."""
+"""Server fixtures: the tiny ONNX bundle served for real (see tests/grpc_harness.py; the shared `served` server and
+the held-out pairs are in tests/conftest.py)."""
 from __future__ import annotations
 
 import pytest
 from grpc_harness import Served
 
 from seqserve.server.app import App
-
-
-@pytest.fixture(scope="session")
-def heldout(tiny_bundle) -> list[tuple[str, str]]:
-    lines = (tiny_bundle / "heldout.tsv").read_text().splitlines()
-    return [tuple(line.split("\t")) for line in lines if line]
 
 
 @pytest.fixture(scope="session")
@@ -35,14 +30,6 @@ def reference(tiny_checkpoint, served):
         return cache[source]
 
     return decode
-
-
-@pytest.fixture(scope="session")
-def served(tiny_bundle):
-    """The shared server for tests that only need a healthy one (they must leave it idle)."""
-    s = Served(tiny_bundle).wait_ready()
-    yield s
-    s.stop()
 
 
 @pytest.fixture

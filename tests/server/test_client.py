@@ -1,11 +1,10 @@
-"""The Python client class and `seqserve generate` against a real server."""
+"""The Python client class against a real server (`seqserve generate`: tests/cli)."""
 from __future__ import annotations
 
 import grpc
 import pytest
 from grpc_harness import PROVIDER
 
-from seqserve.cli.main import main
 from seqserve.server.client import Client
 
 
@@ -30,17 +29,3 @@ def test_client_generate_stream_batch_and_model_info(served, heldout, reference)
             client.generate(src, top_p=2.0)
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
-
-def test_cli_generate_unary_and_stream(served, heldout, capsys):
-    src, tgt = heldout[0]
-    assert main(["generate", src, "--server", served.address]) == 0
-    out, err = capsys.readouterr()
-    assert out == tgt + "\n" and "[eos:" in err
-    assert main(["generate", src, "--server", served.address, "--stream", "--max-new-tokens", "3"]) == 0
-    out, err = capsys.readouterr()
-    assert out == tgt[:3] + "\n" and "[length: " in err and "3 generated tokens" in err
-
-
-def test_cli_generate_reports_errors(served, capsys):
-    assert main(["generate", "x", "--server", served.address, "--temperature", "-1"]) == 1
-    assert "error: INVALID_ARGUMENT: options.temperature must be finite and >= 0" in capsys.readouterr().err
