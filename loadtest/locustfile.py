@@ -6,7 +6,8 @@ Headless, with a summary JSON, SLO checks and capacity sweeps (the usual way; it
 
 Interactive, with locust's web UI on http://localhost:8089 (from the repository root, venv active):
 
-    locust -f loadtest/locustfile.py --host 127.0.0.1:50051 --heldout artifacts/bundle --stop-timeout 30
+    locust -f loadtest/locustfile.py --host 127.0.0.1:50051 --heldout artifacts/bundle --stop-timeout 30 \\
+        --web-host 127.0.0.1
 
 (`--stop-timeout` lets calls in flight finish when you press Stop, so locust's counts match the server's.)
 
