@@ -34,6 +34,7 @@ from dataclasses import dataclass
 
 import torch
 
+from seqserve.contract.decoding import beam_problem, lengths_problem
 from seqserve.model.decoding import pad_batch
 from seqserve.model.transformer import Transformer
 
@@ -53,12 +54,11 @@ class BeamOptions:
     early_stopping: bool = False
     top_logprobs: int = 0  # alternatives recorded per generated token; 0 = none
 
-    def __post_init__(self) -> None:
-        if not 1 <= self.num_return_sequences <= self.num_beams:
-            raise ValueError(f"num_return_sequences must be in [1, num_beams={self.num_beams}], "
-                             f"got {self.num_return_sequences}")
-        if self.max_new_tokens < 1 or not 0 <= self.min_new_tokens <= self.max_new_tokens:
-            raise ValueError(f"need 1 <= max_new_tokens and 0 <= min_new_tokens <= max_new_tokens: {self}")
+    def __post_init__(self) -> None:  # the server's rules (contract/decoding.py), not its search
+        problem = (beam_problem(self.num_beams, self.num_return_sequences, self.length_penalty)
+                   or lengths_problem(self.max_new_tokens, self.min_new_tokens))
+        if problem:
+            raise ValueError(problem)
 
 
 @dataclass(frozen=True)

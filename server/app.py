@@ -140,7 +140,7 @@ class App:
     def _model_info(self, runner: Runner) -> dict:
         manifest = runner.manifest
         quality = manifest.variants[runner.variant].get("quality", {})
-        return dict(config={k: str(v) for k, v in manifest.model.items()},
+        return dict(config=dict(manifest.model),
                     bundle_format_version=manifest.format_version, variant=runner.variant,
                     execution_provider=runner.provider, onnxruntime_version=ort.__version__,
                     quality={k: float(v) for k, v in quality.items() if isinstance(v, (int, float))})

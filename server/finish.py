@@ -19,7 +19,7 @@ ERROR_MESSAGE = "inference failed for this request; the server log has the detai
 def abandoned(request: Request, now: float) -> FinishReason | None:
     """CANCELLED or DEADLINE for a request nobody waits for any more, waiting or running."""
     if request.cancelled:
-        return FinishReason.CANCELLED
+        return FinishReason.DEADLINE if request.by_deadline else FinishReason.CANCELLED
     if request.expired(now):
         return FinishReason.DEADLINE
     return None

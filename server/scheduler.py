@@ -96,6 +96,11 @@ class Scheduler:
             encode = self._encode(admitted)
         return Plan(retired, encode, admitted, dropped, abandoned)
 
+    def sweep_next(self) -> None:
+        """The next schedule looks at every running and waiting request, however recent the last sweep (a test that
+        held the engine between steps wants its cancel seen at the very next step)."""
+        self._swept = self._swept_waiting = float("-inf")
+
     def _sweep_running(self, now: float) -> list[tuple[Request, bool]]:
         """(request, whether this sweep ended it) for every running request that has ended."""
         left = []

@@ -103,8 +103,8 @@ def test_model_info(served):
     info = served.stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=10)
     assert info.execution_provider == PROVIDER and info.variant == "fp32"
     assert info.bundle_format_version == 1 and info.onnxruntime_version
-    assert int(info.config["d_model"]) > 0
-    assert info.limits.max_new_tokens > 0 and info.limits.max_input_tokens == int(info.config["max_positions"])
+    assert info.config["d_model"].int_value > 0
+    assert info.limits.max_new_tokens > 0 and info.limits.max_input_tokens == info.config["max_positions"].int_value
     assert 0 < info.limits.default_max_new_tokens <= info.limits.max_new_tokens
 
 
