@@ -119,8 +119,7 @@ class App:
                                 inter_op_threads=s.inter_op_threads, allow_spinning=s.allow_spinning,
                                 cuda_tf32=s.cuda_tf32)
         runner = Runner(s.bundle, runtime, s.variant, capacity=s.max_batch_size, kv_cache=s.kv_cache)
-        scheduler = Scheduler(SchedulerConfig(s.max_batch_size, s.max_waiting, s.max_kv_tokens, s.encode_batch,
-                                              s.max_encoded_bytes, runner.cross_bytes_per_token))
+        scheduler = Scheduler(SchedulerConfig.from_settings(s, runner.cross_bytes_per_token))
         engine = Engine(runner, tokenizer, scheduler, self.metrics, stream_interval=s.stream_interval)
         self._warm_up(engine, tokenizer)
         engine.start()

@@ -25,7 +25,6 @@ class Slots:
         self.index: dict[int, list[int]] = {}  # request id -> its slots (one per beam)
         self.beam = np.zeros(capacity, bool)  # (C,) rows of beam requests (engine.py updates them per request)
 
-
     def free(self, n: int) -> list[int]:
         """The n lowest free slots (placing rows low keeps hi, the stepped batch, small)."""
         found = np.flatnonzero(~self.live)[:n].tolist()
@@ -65,11 +64,6 @@ class Slots:
 
     def slots_of(self, request: Request) -> list[int]:
         return self.index.get(request.id, [])
-
-    def last_tokens(self) -> np.ndarray:
-        """(hi,) each stepped row's last id (BOS for a new row; free rows feed whatever they hold)."""
-        rows = np.arange(self.hi)
-        return self.ids[rows, self.length[: self.hi]]
 
     def append(self, chosen: np.ndarray, rows: np.ndarray) -> None:
         """chosen (hi,) ids; rows (hi,) bool: the rows whose id is written after their tokens."""
