@@ -12,11 +12,15 @@ Ties go to the lower (beam, token) index, sums are float64.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
-from seqserve.server.request import FinishReason, SamplingParams
+from seqserve.contract.scoring import score
+from seqserve.server.request import FinishReason, Request, SamplingParams, Sequence, TokenLogprob
+from seqserve.server.runner import Runner
+from seqserve.server.sampling import log_softmax
 
 CANDIDATES_PER_BEAM = 2  # HF keeps 2 x num_beams candidates (one end token)
 
@@ -36,6 +40,70 @@ class Hypothesis:
     cumulative_logprob: float
     score: float
     beam: Beam  # its tokens with their log-probabilities (the end token's last on EOS)
+
+
+@dataclass(frozen=True)
+class BeamResult:
+    """A beam request that ended: the engine turns it into the request's final result."""
+
+    request: Request
+    sequences: tuple[Sequence, ...]  # the n-best, best first
+    finish_reason: FinishReason  # the best sequence's
+    generated: int  # tokens counted as usage (the best sequence's length)
+
+
+class Beams:
+    """Every running beam request's rows: admission, the log-probabilities they need, selection, reorder, ending and
+    scores."""
+
+    def __init__(self, runner: Runner, detokenize: Callable[[list[int]], str], eos_id: int) -> None:
+        self.runner, self.detokenize, self.eos_id = runner, detokenize, eos_id
+        self._searches: dict[Request, BeamSearch] = {}
+
+    def admit(self, requests: list[Request]) -> None:
+        """Requests with n_rows > 1 that the runner has just admitted (their rows are placed)."""
+        for r in requests:
+            self._searches[r] = BeamSearch(r.params, self.eos_id)
+
+    def owns(self) -> np.ndarray:
+        """(hi,) bool: the rows whose token this component chooses (the engine skips them)."""
+        slots = self.runner.slots
+        owned = np.zeros(slots.hi, bool)
+        for r in self._searches:
+            owned[slots.slots_of(r)] = True
+        return owned
+
+    def advance(self, logits: np.ndarray, now: float) -> list[BeamResult]:
+        """One step for every beam request: select, reorder the caches, append the chosen tokens. Returns the beam
+        requests that ended this step (their rows are still placed; the engine retires them)."""
+        slots, ended = self.runner.slots, []
+        for r, search in list(self._searches.items()):
+            rows = slots.slots_of(r)
+            live = rows[: len(search.live)]
+            parents, tokens = search.advance(log_softmax(logits[live]))  # the model's, before min_new_tokens
+            if search.done:
+                ended.append(self._result(r, search))
+                del self._searches[r]
+                continue
+            dst = rows[: len(parents)]
+            self.runner.reorder(dst, [live[p] for p in parents])  # each new beam continues its parent's cache
+            chosen = np.zeros(slots.hi, np.int64)
+            chosen[dst] = tokens
+            mask = np.zeros(slots.hi, bool)
+            mask[dst] = True
+            slots.append(chosen, mask)
+        return ended
+
+    def drop(self, request: Request) -> None:
+        """A beam request left for another reason (cancel, deadline, error): forget it."""
+        self._searches.pop(request, None)
+
+    def _result(self, r: Request, search: BeamSearch) -> BeamResult:
+        sequences = tuple(Sequence(h.token_ids, self.detokenize(h.token_ids), h.finish_reason, h.cumulative_logprob,
+                                   h.score, _logprobs(h.beam) if r.params.return_logprobs else ())
+                          for h in search.results())
+        best = sequences[0]
+        return BeamResult(r, sequences, best.finish_reason, len(best.token_ids))
 
 
 class BeamSearch:
@@ -71,7 +139,7 @@ class BeamSearch:
         self.finished = sorted(self.finished + new, key=lambda h: -h.score)[: p.num_beams]  # stable: older first
         self.live = running
         self.done = not running or (len(self.finished) == p.num_beams and (
-            p.early_stopping or running[0].cum / length**p.length_penalty <= self.finished[-1].score))
+            p.early_stopping or score(running[0].cum, length, p.length_penalty) <= self.finished[-1].score))
         return ([], []) if self.done else (parents, tokens)
 
     def results(self) -> list[Hypothesis]:
@@ -83,9 +151,8 @@ class BeamSearch:
 
     def _hypothesis(self, beam: Beam) -> Hypothesis:
         eos = beam.tokens[-1] == self.eos_id
-        score = beam.cum / len(beam.tokens) ** self.p.length_penalty  # len counts the end token (HF)
-        return Hypothesis(list(beam.tokens[:-1] if eos else beam.tokens),
-                          FinishReason.EOS if eos else FinishReason.LENGTH, beam.cum, score, beam)
+        return Hypothesis(list(beam.tokens[:-1] if eos else beam.tokens), FinishReason.EOS if eos else FinishReason.LENGTH,
+                          beam.cum, score(beam.cum, len(beam.tokens), self.p.length_penalty), beam)  # n: end token in
 
 
 def _best(values: np.ndarray, k: int) -> np.ndarray:
@@ -106,3 +173,7 @@ def top_alternatives(logprobs: np.ndarray, n: int) -> tuple[tuple[int, float], .
     if not n:
         return ()
     return tuple((int(t), float(logprobs[t])) for t in _best(logprobs, n))
+
+
+def _logprobs(beam: Beam) -> tuple[TokenLogprob, ...]:
+    return tuple(TokenLogprob(t, lp, top) for t, lp, top in zip(beam.tokens, beam.logprobs, beam.tops))

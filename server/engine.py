@@ -14,8 +14,9 @@ import time
 import numpy as np
 from tokenizers import Tokenizer
 
+from seqserve.contract.scoring import score
 from seqserve.server import finish
-from seqserve.server.beam import Beam, BeamSearch, top_alternatives
+from seqserve.server.beam import BeamResult, Beams, top_alternatives
 from seqserve.server.detokenizer import TextStream
 from seqserve.server.metrics import Metrics
 from seqserve.server.request import FinishReason, Request, RequestStatus, Sequence, TokenLogprob
@@ -38,7 +39,7 @@ class Engine:
         self._text: dict[Request, TextStream] = {}  # text of each running request that streams or has stop strings
         self._unsent: dict[Request, tuple[list[int], list[str]]] = {}  # a stream's ids and text not yet emitted
         self._sampled: set[Request] = set()  # running requests whose token is not a plain argmax
-        self._beams: dict[Request, BeamSearch] = {}  # running beam requests (their rows are chosen by the search)
+        self.beams = Beams(runner, lambda ids: tokenizer.decode(ids, skip_special_tokens=True), self.eos_id)
         self._logprobs: dict[Request, list[TokenLogprob]] = {}  # running requests that return log-probabilities
         self._sinks: set = set()  # sinks that got events this step: flushed once at its end
         self._ended_waiting: list[Request] = []  # waiting requests this engine ended (their encoder failed)
@@ -86,9 +87,9 @@ class Engine:
         admitted = [r for r in plan.admitted if not r.done]
         self.runner.admit(admitted)
         self._fresh = admitted
+        self.beams.admit([r for r in admitted if r.n_rows > 1])
         for r in admitted:
             if r.n_rows > 1:
-                self._beams[r] = BeamSearch(r.params, self.eos_id)
                 continue
             if r.stream or r.params.stop:
                 self._text[r] = TextStream(self.tokenizer, r.params.stop)
@@ -159,7 +160,7 @@ class Engine:
         self._text.pop(r, None)
         self._unsent.pop(r, None)
         self._sampled.discard(r)
-        self._beams.pop(r, None)
+        self.beams.drop(r)
         self._logprobs.pop(r, None)
 
     def _update(self, logits: np.ndarray) -> None:
@@ -168,9 +169,8 @@ class Engine:
         per_row = {s: (r, slots.ids[s, 1 : 1 + slots.length[s]]) for r in self._sampled
                    if (s := slots.slot_of(r)) is not None}
         hi = slots.hi
-        single = slots.live[:hi] & ~slots.beam[:hi]  # (hi,) rows whose token is chosen here (beams: below)
+        single = slots.live[:hi] & ~self.beams.owns()  # (hi,) rows whose token is chosen here (beams: below)
         lps = {r: log_softmax(logits[slots.slot_of(r)]) for r in self._logprobs}  # the model's, before any mask
-        beam_logprobs = self._beam_logprobs(logits)  # likewise: min_new_tokens is the search's own business
         no_eos = single & (slots.length[:hi] < slots.min_new[:hi])  # (hi,)
         chosen = choose(logits, per_row, self.eos_id, self.banned, no_eos)  # (hi,)
         codes = np.where(single, finish.after_token(chosen, slots.length[:hi], slots.max_new[:hi], self.eos_id), 0)
@@ -191,51 +191,23 @@ class Engine:
                 self._stream(r, (int(chosen[s]),), piece)
         for s in np.flatnonzero(codes).tolist():
             self._end(slots.requests[s], s, finish.REASONS[int(codes[s])], now)
-        generated = int(appended.sum()) + self._advance_beams(beam_logprobs, now)
+        generated = int(appended.sum()) + sum(self._end_beams(b, now) for b in self.beams.advance(logits, now))
         self.metrics.generated_tokens.inc(generated)  # EOS is not returned, so not counted: equals usage
         if self._last_step_at is not None:
             self.metrics.inter_token_latency.observe(now - self._last_step_at)  # once per step: rows share it
         self._last_step_at = now
 
-    def _beam_logprobs(self, logits: np.ndarray) -> dict[Request, np.ndarray]:
-        """Each beam request's live beams' log-probabilities (n_live, V), taken before the step masks anything."""
-        slots = self.runner.slots
-        return {r: log_softmax(logits[slots.slots_of(r)[: len(s.live)]]) for r, s in self._beams.items()}
-
-    def _advance_beams(self, logprobs: dict[Request, np.ndarray], now: float) -> int:
-        """Each beam request's search takes a step: its rows are reordered by parent and extended, or it ends.
-        Returns the tokens of the requests that ended (a beam request's usage is its best sequence)."""
-        slots, generated = self.runner.slots, 0
-        for r, search in list(self._beams.items()):
-            rows = slots.slots_of(r)
-            live = rows[: len(search.live)]
-            parents, tokens = search.advance(logprobs[r])
-            if search.done:
-                generated += self._end_beams(r, search, now)
-                continue
-            dst = rows[: len(parents)]
-            self.runner.reorder(dst, [live[p] for p in parents])  # each new beam continues its parent's cache
-            chosen = np.zeros(slots.hi, np.int64)
-            chosen[dst] = tokens
-            mask = np.zeros(slots.hi, bool)
-            mask[dst] = True
-            slots.append(chosen, mask)
-        return generated
-
-    def _end_beams(self, r: Request, search: BeamSearch, now: float) -> int:
-        r.sequences = [Sequence(h.token_ids, self.tokenizer.decode(h.token_ids, skip_special_tokens=True),
-                                h.finish_reason, h.cumulative_logprob, h.score,
-                                _logprobs(h.beam) if r.params.return_logprobs else ())
-                       for h in search.results()]
+    def _end_beams(self, b: BeamResult, now: float) -> int:
+        r = b.request
+        r.sequences = list(b.sequences)
         best = r.sequences[0]
         r.output_ids, r.text = best.token_ids, best.text
         if r.stream:  # beams stream nothing until the end, then the whole best text (the proto documents this)
             r.emit(tuple(best.token_ids), best.text)
-        r.end(best.finish_reason, now)
+        r.end(b.finish_reason, now)
         self._sinks.add(r.sink)
         self._ended.append(r)
-        self._beams.pop(r)
-        return len(best.token_ids)
+        return b.generated
 
     def _first_token(self, r: Request, now: float) -> None:
         r.first_token_at = now
@@ -268,8 +240,8 @@ class Engine:
         else:  # the scored tokens: the returned ones, plus the end token on EOS (a stop string cuts no score)
             track = track[: len(r.output_ids) + (reason is FinishReason.EOS)]
             cum = sum(t.logprob for t in track)
-            r.sequences = [Sequence(r.output_ids, r.text, reason, cum, cum / max(1, len(track)) **
-                                    r.params.length_penalty, tuple(track))]
+            r.sequences = [Sequence(r.output_ids, r.text, reason, cum, score(cum, len(track), r.params.length_penalty),
+                                    tuple(track))]
         r.end(reason, now)
         self._sinks.add(r.sink)
         self._ended.append(r)
@@ -323,6 +295,3 @@ class Engine:
                 self._fail(self._live())
                 self._emit(Plan([], [], [], []))
 
-
-def _logprobs(beam: Beam) -> tuple[TokenLogprob, ...]:
-    return tuple(TokenLogprob(t, lp, top) for t, lp, top in zip(beam.tokens, beam.logprobs, beam.tops))
