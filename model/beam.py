@@ -35,6 +35,7 @@ from dataclasses import dataclass
 import torch
 
 from seqserve.contract.decoding import beam_problem, lengths_problem
+from seqserve.contract.scoring import score
 from seqserve.model.decoding import pad_batch
 from seqserve.model.transformer import Transformer
 
@@ -117,7 +118,7 @@ class SourceBeams:
         self.finished = sorted(self.finished + new, key=lambda h: -h.score)[: o.num_beams]  # stable: older first
         self.live = running
         self.done = not running or (len(self.finished) == o.num_beams and (
-            o.early_stopping or running[0].cum / length**o.length_penalty <= self.finished[-1].score))
+            o.early_stopping or score(running[0].cum, length, o.length_penalty) <= self.finished[-1].score))
         return parents
 
     def results(self) -> list[Hypothesis]:
@@ -133,9 +134,9 @@ class SourceBeams:
 
     def _hypothesis(self, beam: _Beam) -> Hypothesis:
         eos = beam.tokens[-1] == self.eos_id
-        score = beam.cum / len(beam.tokens) ** self.opts.length_penalty  # len counts the end token (HF)
         return Hypothesis(token_ids=list(beam.tokens[:-1] if eos else beam.tokens),
-                          finish_reason=EOS if eos else LENGTH, cumulative_logprob=beam.cum, score=score,
+                          finish_reason=EOS if eos else LENGTH, cumulative_logprob=beam.cum,
+                          score=score(beam.cum, len(beam.tokens), self.opts.length_penalty),  # n counts the end token
                           token_logprobs=list(beam.logprobs), top_logprobs=[list(t) for t in beam.tops])
 
 

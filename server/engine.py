@@ -17,11 +17,12 @@ from collections.abc import Callable
 import numpy as np
 from tokenizers import Tokenizer
 
+from seqserve.contract.scoring import score
 from seqserve.server import finish
-from seqserve.server.beam import Beam, BeamSearch, top_alternatives
+from seqserve.server.beam import BeamResult, Beams, top_alternatives
 from seqserve.server.detokenizer import TextStream
 from seqserve.server.metrics import Metrics
-from seqserve.server.request import FinishReason, Request, Sequence, TokenLogprob
+from seqserve.server.request import FinishReason, Request, TokenLogprob
 from seqserve.server.runner import Runner
 from seqserve.server.running import Running
 from seqserve.server.sampling import choose, log_softmax, sample_row
@@ -29,11 +30,6 @@ from seqserve.server.scheduler import Plan, Scheduler
 from seqserve.server.stepping import Stepping
 
 log = logging.getLogger(__name__)
-
-
-def _score(cumulative_logprob: float, n: int, length_penalty: float) -> float:
-    """Length-normalised score (model/beam.py documents the formula); finite for every validated length_penalty."""
-    return cumulative_logprob / max(1, n) ** length_penalty
 
 
 class Engine(Stepping):
@@ -46,7 +42,7 @@ class Engine(Stepping):
         self.eos_id = special["eos_id"]
         self.banned = np.array([special[k] for k in ("pad_id", "bos_id", "unk_id")], np.int64)  # never sampled
         self._running: dict[Request, Running] = {}  # every running greedy or sampled request's record
-        self._beams: dict[Request, BeamSearch] = {}  # running beam requests (their rows are chosen by the search)
+        self.beams = Beams(runner, lambda ids: tokenizer.decode(ids, skip_special_tokens=True), self.eos_id)
         self.after_step: Callable[[], None] | None = None  # tests hold the engine here between steps
         self._wake = threading.Condition()
         self._stopping = False
@@ -87,25 +83,24 @@ class Engine(Stepping):
             self._encode(plan.encode)
         admitted = [r for r in plan.admitted if not r.done]
         self.runner.admit(admitted)
+        self.beams.admit([r for r in admitted if r.n_rows > 1])
+        self._fresh = admitted  # their first token comes from this step
         for r in admitted:
-            if r.n_rows > 1:
-                self._beams[r] = BeamSearch(r.params, self.eos_id)
-                continue
-            p = r.params
-            self._running[r] = Running(r, TextStream(self.tokenizer, p.stop) if r.stream or p.stop else None,
-                                       logprobs=[] if p.return_logprobs else None)
+            if r.n_rows == 1:
+                p = r.params
+                self._running[r] = Running(r, TextStream(self.tokenizer, p.stop) if r.stream or p.stop else None,
+                                           logprobs=[] if p.return_logprobs else None)
 
     def _forget(self, r: Request) -> None:
         self._running.pop(r, None)
-        self._beams.pop(r, None)
+        self.beams.drop(r)
 
     def _update(self, logits: np.ndarray, now: float) -> None:
         """Chooses every row's token, appends it, and ends the rows a finish rule says are done."""
         slots, hi, records = self.runner.slots, self.runner.slots.hi, list(self._running.values())
         slot = {rec: slots.slot_of(rec.request) for rec in records}
-        beam_logprobs = self._beam_logprobs(logits)  # the model's, before min_new_tokens masks anything
-        lps = {rec: log_softmax(logits[slot[rec]]) for rec in records if rec.logprobs is not None}
-        single = slots.live[:hi] & ~slots.beam[:hi]  # (hi,) rows whose token is chosen here (beams: below)
+        lps = {rec: log_softmax(logits[slot[rec]]) for rec in records if rec.logprobs is not None}  # before any mask
+        single = slots.live[:hi] & ~self.beams.owns()  # (hi,) rows whose token is chosen here (beams: below)
         chosen = choose(logits, {}, self.eos_id, self.banned, single & (slots.length[:hi] < slots.min_new[:hi]))
         self._each([rec for rec in records if rec.sampled], lambda rec: chosen.__setitem__(slot[rec], sample_row(
             logits[slot[rec]], rec, slots.ids[slot[rec], 1 : 1 + slots.length[slot[rec]]], self.eos_id,
@@ -116,63 +111,41 @@ class Engine(Stepping):
                          top_alternatives(lps[rec], rec.params.top_logprobs))))
         appended = single & (codes != finish.EOS)  # (hi,) EOS ends a row without being returned
         slots.append(chosen, appended)
+        for r in self._fresh:
+            self._first_token(r, now)
+        self._fresh = []
         self._each(records, lambda rec: self._token(rec, slot[rec], int(chosen[slot[rec]]), appended, codes, now))
         self._each([rec for rec in records if codes[slot[rec]]],
                    lambda rec: self._end(rec, slot[rec], finish.REASONS[int(codes[slot[rec]])], now))
-        generated = int(appended.sum()) + self._advance_beams(beam_logprobs, now)
+        generated = int(appended.sum()) + self._advance_beams(logits, now)
         self.metrics.generated_tokens.inc(generated)  # EOS is not returned, so not counted: equals usage
         self._tick(now)
 
     def _token(self, rec: Running, s: int, token: int, appended: np.ndarray, codes: np.ndarray, now: float) -> None:
-        """One row's new token: the first token's timings, its text (a stop string may end it), its stream."""
-        if rec.request.first_token_at is None:
-            self._first_token(rec.request, now)
+        """One row's new token: its text (a stop string may end it) and its stream."""
         if rec.text is not None and appended[s]:
             piece = rec.text.push(token)
             if rec.text.stopped:
                 codes[s] = finish.STOP
             self._stream(rec, (token,), piece)
 
-    def _beam_logprobs(self, logits: np.ndarray) -> dict[Request, np.ndarray]:
-        """Each beam request's live beams' log-probabilities (n_live, V), taken before the step masks anything."""
-        slots = self.runner.slots
-        return {r: log_softmax(logits[slots.slots_of(r)[: len(s.live)]]) for r, s in self._beams.items()}
+    def _advance_beams(self, logits: np.ndarray, now: float) -> int:
+        """Every beam request takes its step (server/beam.py: one vector step for them all, so a failure there is no
+        one request's and ends them all); those that ended get their result. Returns their tokens (usage)."""
+        try:
+            ended = self.beams.advance(logits, now)
+        except Exception:
+            log.exception("beam step failed; ending the beam requests")
+            self._fail(np.flatnonzero(self.beams.owns()).tolist())
+            return 0
+        self._each(ended, lambda b: self._end_beams(b, now))
+        return sum(b.generated for b in ended)
 
-    def _advance_beams(self, logprobs: dict[Request, np.ndarray], now: float) -> int:
-        """Each beam request's search takes a step: its rows are reordered by parent and extended, or it ends.
-        Returns the tokens of the requests that ended (a beam request's usage is its best sequence)."""
-        slots, generated = self.runner.slots, [0]
-
-        def advance(r: Request) -> None:
-            search, rows = self._beams[r], slots.slots_of(r)
-            if r.first_token_at is None:
-                self._first_token(r, now)
-            live = rows[: len(search.live)]
-            parents, tokens = search.advance(logprobs[r])
-            if search.done:
-                generated[0] += self._end_beams(r, search, now)
-                return
-            dst = rows[: len(parents)]
-            self.runner.reorder(dst, [live[p] for p in parents])  # each new beam continues its parent's cache
-            chosen = np.zeros(slots.hi, np.int64)
-            chosen[dst] = tokens
-            mask = np.zeros(slots.hi, bool)
-            mask[dst] = True
-            slots.append(chosen, mask)
-
-        self._each(list(self._beams), advance)
-        return generated[0]
-
-    def _end_beams(self, r: Request, search: BeamSearch, now: float) -> int:
-        sequences = tuple(Sequence(h.token_ids, self.tokenizer.decode(h.token_ids, skip_special_tokens=True),
-                                   h.finish_reason, h.cumulative_logprob, h.score,
-                                   _logprobs(h.beam) if r.params.return_logprobs else ())
-                          for h in search.results())
-        best = sequences[0]
+    def _end_beams(self, b: BeamResult, now: float) -> None:
+        r, best = b.request, b.sequences[0]
         if r.stream:  # beams stream nothing until the end, then the whole best text (the proto documents this)
             r.emit(tuple(best.token_ids), best.text)
-        self._ended_by_engine(r, best.finish_reason, now, sequences=sequences, generated=len(best.token_ids))
-        return len(best.token_ids)
+        self._ended_by_engine(r, b.finish_reason, now, sequences=b.sequences, generated=b.generated)
 
     def _stream(self, rec: Running, ids: tuple[int, ...], piece: str, last: bool = False) -> None:
         """Hands a stream its new ids and text every stream_interval tokens, and the rest at its end."""
@@ -190,7 +163,7 @@ class Engine(Stepping):
             text = rec.text.text
             if rec.text.stopped:  # the whole-output decode can complete a stop string the tokens never showed
                 reason = FinishReason.STOP
-        sequence = rec.sequence(output_ids, text, reason, _score)
+        sequence = rec.sequence(output_ids, text, reason, score)
         self._ended_by_engine(r, reason, now, sequences=(sequence,), generated=len(output_ids))
 
     def start(self) -> None:
@@ -225,7 +198,3 @@ class Engine(Stepping):
                 self._emit(Plan([], [], [], []))
             if self.after_step is not None:
                 self.after_step()
-
-
-def _logprobs(beam: Beam) -> tuple[TokenLogprob, ...]:
-    return tuple(TokenLogprob(t, lp, top) for t, lp, top in zip(beam.tokens, beam.logprobs, beam.tops))

@@ -31,6 +31,7 @@ class Stepping:
         self._sinks: set = set()  # sinks that got events this step: flushed once at its end
         self._ended_waiting: list[Request] = []  # waiting requests this engine ended (their encoder failed)
         self._ended: list[Request] = []  # running requests ended this step: the next schedule retires them
+        self._fresh: list[Request] = []  # requests admitted this step: their first token comes from this step
         self._gauges = (None, None, None)  # the last values set: a gauge is set only when it changes
         self._last_step_at: float | None = None
 

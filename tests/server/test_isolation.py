@@ -52,7 +52,7 @@ PHASES = {
     "text": (detokenizer.TextStream, "push", lambda text, *a: _by_stop(text.stops), dict(stop=("never-there",))),
     "logprobs": (engine, "top_alternatives", lambda lps, n: _by_top(n), dict(return_logprobs=True, top_logprobs=2)),
     "end": (running.Running, "sequence", lambda rec, *a: rec.params, {}),
-    "beam end": (Engine, "_end_beams", lambda self, r, *a: r.params, dict(num_beams=2)),
+    "beam end": (Engine, "_end_beams", lambda self, b, *a: b.request.params, dict(num_beams=2)),
 }
 
 
@@ -87,7 +87,7 @@ def test_a_failure_in_one_requests_bookkeeping_ends_it_alone(setup, monkeypatch,
     assert [_result(r) for r in mates_now] == want  # every batch mate exactly as alone
     monkeypatch.undo()
     assert _result(eng.generate([Request(sources[0], mates[0])])[0]) == alone[0]  # the engine goes on
-    assert eng.runner.slots.n_live == 0 and not eng._running and not eng._beams
+    assert eng.runner.slots.n_live == 0 and not eng._running and not eng.beams.owns().any()
 
 
 def test_extreme_length_penalties_score_without_failing_anyone(setup):
