@@ -1,10 +1,8 @@
 """The engine: one background thread runs step() = schedule -> prepare -> run -> update -> emit, forever.
 
 Requests join and leave the running batch between any two steps. onnxruntime runs in this thread (it releases the
-GIL), so the gRPC event loop is never blocked by inference. A failure ends the requests that cause it and no other:
-a failing decoder step is probed by halves to find its rows, and every per-request phase (sampling, log-probabilities,
-text, streaming, the end) runs each request inside `_each`, so an exception there ends that request alone with ERROR.
-A request that already finished stays finished (Request.end never ends one twice).
+GIL), so the gRPC event loop is never blocked by inference. Every per-request phase runs each request inside `_each`:
+a failure ends the requests that cause it and no other (server/stepping.py lists what each failure ends).
 """
 from __future__ import annotations
 
@@ -19,10 +17,10 @@ from tokenizers import Tokenizer
 
 from seqserve.contract.scoring import score
 from seqserve.server import finish
-from seqserve.server.beam import BeamResult, Beams, top_alternatives
+from seqserve.server.beam import BeamResult, Beams
 from seqserve.server.detokenizer import TextStream
 from seqserve.server.metrics import Metrics
-from seqserve.server.request import FinishReason, Request, TokenLogprob
+from seqserve.server.request import FinishReason, Request
 from seqserve.server.runner import Runner
 from seqserve.server.running import Running
 from seqserve.server.sampling import choose, log_softmax, sample_row
@@ -98,35 +96,35 @@ class Engine(Stepping):
     def _update(self, logits: np.ndarray, now: float) -> None:
         """Chooses every row's token, appends it, and ends the rows a finish rule says are done."""
         slots, hi, records = self.runner.slots, self.runner.slots.hi, list(self._running.values())
-        slot = {rec: slots.slot_of(rec.request) for rec in records}
-        lps = {rec: log_softmax(logits[slot[rec]]) for rec in records if rec.logprobs is not None}  # before any mask
+        for rec in records:
+            rec.slot = slots.slot_of(rec.request)
         single = slots.live[:hi] & ~self.beams.owns()  # (hi,) rows whose token is chosen here (beams: below)
+        scored = [rec for rec in records if rec.logprobs is not None]
+        lps = {rec: log_softmax(logits[rec.slot]) for rec in scored}  # the model's, before anything masks them
         chosen = choose(logits, {}, self.eos_id, self.banned, single & (slots.length[:hi] < slots.min_new[:hi]))
-        self._each([rec for rec in records if rec.sampled], lambda rec: chosen.__setitem__(slot[rec], sample_row(
-            logits[slot[rec]], rec, slots.ids[slot[rec], 1 : 1 + slots.length[slot[rec]]], self.eos_id,
-            self.banned)))
+        self._each([rec for rec in records if rec.sampled], lambda rec: self._sample(rec, logits, chosen))
         codes = np.where(single, finish.after_token(chosen, slots.length[:hi], slots.max_new[:hi], self.eos_id), 0)
-        self._each([rec for rec in records if rec.logprobs is not None], lambda rec: rec.logprobs.append(
-            TokenLogprob(int(chosen[slot[rec]]), float(lps[rec][chosen[slot[rec]]]),
-                         top_alternatives(lps[rec], rec.params.top_logprobs))))
+        self._each(scored, lambda rec: rec.add_logprob(int(chosen[rec.slot]), lps[rec]))
         appended = single & (codes != finish.EOS)  # (hi,) EOS ends a row without being returned
         slots.append(chosen, appended)
-        for r in self._fresh:
-            self._first_token(r, now)
-        self._fresh = []
-        self._each(records, lambda rec: self._token(rec, slot[rec], int(chosen[slot[rec]]), appended, codes, now))
-        self._each([rec for rec in records if codes[slot[rec]]],
-                   lambda rec: self._end(rec, slot[rec], finish.REASONS[int(codes[slot[rec]])], now))
+        self._first_tokens(now)
+        self._each(records, lambda rec: self._text(rec, int(chosen[rec.slot]), appended, codes))
+        self._each([rec for rec in records if codes[rec.slot]],
+                   lambda rec: self._end(rec, finish.REASONS[int(codes[rec.slot])], now))
         generated = int(appended.sum()) + self._advance_beams(logits, now)
         self.metrics.generated_tokens.inc(generated)  # EOS is not returned, so not counted: equals usage
         self._tick(now)
 
-    def _token(self, rec: Running, s: int, token: int, appended: np.ndarray, codes: np.ndarray, now: float) -> None:
-        """One row's new token: its text (a stop string may end it) and its stream."""
-        if rec.text is not None and appended[s]:
+    def _sample(self, rec: Running, logits: np.ndarray, chosen: np.ndarray) -> None:
+        s, slots = rec.slot, self.runner.slots
+        chosen[s] = sample_row(logits[s], rec, slots.ids[s, 1 : 1 + slots.length[s]], self.eos_id, self.banned)
+
+    def _text(self, rec: Running, token: int, appended: np.ndarray, codes: np.ndarray) -> None:
+        """A row's new token in its text (a stop string ends it STOP) and its stream."""
+        if rec.text is not None and appended[rec.slot]:
             piece = rec.text.push(token)
             if rec.text.stopped:
-                codes[s] = finish.STOP
+                codes[rec.slot] = finish.STOP
             self._stream(rec, (token,), piece)
 
     def _advance_beams(self, logits: np.ndarray, now: float) -> int:
@@ -153,9 +151,9 @@ class Engine(Stepping):
             rec.request.emit(tuple(out[0]), out[1])
             self._sinks.add(rec.request.sink)
 
-    def _end(self, rec: Running, slot: int, reason: FinishReason, now: float) -> None:
+    def _end(self, rec: Running, reason: FinishReason, now: float) -> None:
         """The row's result: its ids, its text (decoded whole once; a stop string in it ends it STOP), its score."""
-        r, output_ids = rec.request, self.runner.slots.output(slot)
+        r, output_ids = rec.request, self.runner.slots.output(rec.slot)
         if rec.text is None:
             text = self.tokenizer.decode(output_ids, skip_special_tokens=True)
         else:

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
+from seqserve.server.beam import top_alternatives
 from seqserve.server.detokenizer import TextStream
 from seqserve.server.request import FinishReason, Request, Sequence, TokenLogprob
 
@@ -19,6 +22,7 @@ class Running:
     unsent_ids: list[int] = field(default_factory=list)  # a stream's ids and text not yet handed to its sink
     unsent_text: list[str] = field(default_factory=list)
     logprobs: list[TokenLogprob] | None = None  # with return_logprobs: one per chosen token
+    slot: int = -1  # the row it holds, set by the engine at each step
 
     @property
     def sampled(self) -> bool:
@@ -36,6 +40,11 @@ class Running:
     @rng.setter
     def rng(self, value) -> None:
         self.request.rng = value
+
+    def add_logprob(self, token: int, logprobs: np.ndarray) -> None:
+        """The chosen token's log-probability, and the top_logprobs alternatives; logprobs (V,) is the model's."""
+        self.logprobs.append(TokenLogprob(token, float(logprobs[token]),
+                                          top_alternatives(logprobs, self.params.top_logprobs)))
 
     def take_unsent(self, ids: tuple[int, ...], piece: str, interval: int, last: bool) -> tuple[list[int], str] | None:
         """Adds a stream's new ids and text; returns what to send now (every interval tokens, and the rest at the

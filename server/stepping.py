@@ -117,10 +117,13 @@ class Stepping:
             self._ended_by_engine(r, FinishReason.ERROR, now, error=finish.ERROR_MESSAGE)
         self.runner.retire(failed)
 
-    def _first_token(self, r: Request, now: float) -> None:
-        r.first_token_at = now
-        self.metrics.queue_duration.observe(r.scheduled_at - r.arrival)
-        self.metrics.time_to_first_token.observe(now - r.arrival)
+    def _first_tokens(self, now: float) -> None:
+        """The requests admitted this step produced their first token now."""
+        for r in self._fresh:
+            r.first_token_at = now
+            self.metrics.queue_duration.observe(r.scheduled_at - r.arrival)
+            self.metrics.time_to_first_token.observe(now - r.arrival)
+        self._fresh = []
 
     def _tick(self, now: float) -> None:
         if self._last_step_at is not None:

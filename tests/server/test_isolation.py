@@ -50,7 +50,7 @@ def _raise_for_poison(original, params_of):
 PHASES = {
     "sampling": (engine, "sample_row", lambda logits, rec, *a: rec.params, dict(temperature=0.8)),
     "text": (detokenizer.TextStream, "push", lambda text, *a: _by_stop(text.stops), dict(stop=("never-there",))),
-    "logprobs": (engine, "top_alternatives", lambda lps, n: _by_top(n), dict(return_logprobs=True, top_logprobs=2)),
+    "logprobs": (running, "top_alternatives", lambda lps, n: _by_top(n), dict(return_logprobs=True, top_logprobs=2)),
     "end": (running.Running, "sequence", lambda rec, *a: rec.params, {}),
     "beam end": (Engine, "_end_beams", lambda self, b, *a: b.request.params, dict(num_beams=2)),
 }
