@@ -67,10 +67,13 @@ def test_a_request_joining_mid_generation_changes_nobody(make_server, heldout):
     long_first = dict(min_new_tokens=30, max_new_tokens=30)  # runs well past the copy, on forced tokens
     alone_first = s.stub.Generate(request(first, **long_first), timeout=30)
     alone_second = s.stub.Generate(request(second), timeout=30)
-    s.slow_down(0.03)  # the first request runs about a second: the second one joins it mid-way
+    gate = s.gate()
+    gate.close()  # the engine holds after the first request's first step: the second one joins it there
     stream = s.stub.GenerateStream(request(first, **long_first), timeout=60)
     pieces = [next(stream)]  # the first request is mid-generation now
     joined = s.stub.Generate.future(request(second), timeout=60)
+    wait_for(lambda: s.app.engine.scheduler.n_waiting == 1, what="the joining request queued")
+    gate.open()
     wait_for(joined.done, what="the joining request")
     pieces += list(stream)
     assert pieces[-1].finish_reason == pb.FINISH_REASON_LENGTH
