@@ -33,7 +33,7 @@ PARTS = (  # (part, substrings of the file or caller that put a function's time 
     ("detokenisation", ("detokenizer.py", "tokenizers")),
     ("metrics", ("prometheus_client", "metrics.py")),
     ("beam search: selection and bookkeeping", ("beam.py",)),
-    ("token choice and bookkeeping", ("engine.py", "sampling.py", "request.py", "numpy")),
+    ("token choice and bookkeeping", ("engine.py", "stepping.py", "running.py", "sampling.py", "request.py", "numpy")),
 )
 
 
