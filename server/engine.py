@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import collections
 import logging
-import threading
 import time
-from collections.abc import Callable
 
 import numpy as np
 from tokenizers import Tokenizer
@@ -22,7 +20,7 @@ from seqserve.server.detokenizer import TextStream
 from seqserve.server.metrics import Metrics
 from seqserve.server.request import FinishReason, Request
 from seqserve.server.runner import Runner
-from seqserve.server.running import Running
+from seqserve.server.running import Running, views
 from seqserve.server.sampling import choose, log_softmax, sample_row
 from seqserve.server.scheduler import Plan, Scheduler
 from seqserve.server.stepping import Stepping
@@ -40,11 +38,8 @@ class Engine(Stepping):
         self.eos_id = special["eos_id"]
         self.banned = np.array([special[k] for k in ("pad_id", "bos_id", "unk_id")], np.int64)  # never sampled
         self._running: dict[Request, Running] = {}  # every running greedy or sampled request's record
+        self._views: tuple[list[Running], ...] | None = None  # _make_views: None when a record joined or left
         self.beams = Beams(runner, lambda ids: tokenizer.decode(ids, skip_special_tokens=True), self.eos_id)
-        self.after_step: Callable[[], None] | None = None  # tests hold the engine here between steps
-        self._wake = threading.Condition()
-        self._stopping = False
-        self._thread: threading.Thread | None = None
 
     def submit(self, request: Request) -> None:
         """Queues a request (raises QueueFull when the waiting queue is at its limit) and wakes the loop."""
@@ -86,31 +81,35 @@ class Engine(Stepping):
         for r in admitted:
             if r.n_rows == 1:
                 p = r.params
+                self._views = None
                 self._running[r] = Running(r, TextStream(self.tokenizer, p.stop) if r.stream or p.stop else None,
                                            logprobs=[] if p.return_logprobs else None)
 
     def _forget(self, r: Request) -> None:
-        self._running.pop(r, None)
+        if self._running.pop(r, None) is not None:
+            self._views = None
         self.beams.drop(r)
 
     def _update(self, logits: np.ndarray, now: float) -> None:
         """Chooses every row's token, appends it, and ends the rows a finish rule says are done."""
-        slots, hi, records = self.runner.slots, self.runner.slots.hi, list(self._running.values())
-        for rec in records:
+        slots, hi = self.runner.slots, self.runner.slots.hi
+        if self._views is None:
+            self._views = views(self._running.values())
+        sampled, scored, texted, tracked = self._views
+        for rec in tracked:  # the records this step reads by row (plain greedy rows cost nothing here)
             rec.slot = slots.slot_of(rec.request)
         single = slots.live[:hi] & ~self.beams.owns()  # (hi,) rows whose token is chosen here (beams: below)
-        scored = [rec for rec in records if rec.logprobs is not None]
         lps = {rec: log_softmax(logits[rec.slot]) for rec in scored}  # the model's, before anything masks them
         chosen = choose(logits, {}, self.eos_id, self.banned, single & (slots.length[:hi] < slots.min_new[:hi]))
-        self._each([rec for rec in records if rec.sampled], lambda rec: self._sample(rec, logits, chosen))
+        self._each(sampled, lambda rec: self._sample(rec, logits, chosen))
         codes = np.where(single, finish.after_token(chosen, slots.length[:hi], slots.max_new[:hi], self.eos_id), 0)
         self._each(scored, lambda rec: rec.add_logprob(int(chosen[rec.slot]), lps[rec]))
         appended = single & (codes != finish.EOS)  # (hi,) EOS ends a row without being returned
         slots.append(chosen, appended)
         self._first_tokens(now)
-        self._each(records, lambda rec: self._text(rec, int(chosen[rec.slot]), appended, codes))
-        self._each([rec for rec in records if codes[rec.slot]],
-                   lambda rec: self._end(rec, finish.REASONS[int(codes[rec.slot])], now))
+        self._each(texted, lambda rec: self._text(rec, int(chosen[rec.slot]), appended, codes))
+        ended = [self._running[slots.requests[s]].at(s) for s in np.flatnonzero(codes).tolist()]
+        self._each(ended, lambda rec: self._end(rec, finish.REASONS[int(codes[rec.slot])], now))
         generated = int(appended.sum()) + self._advance_beams(logits, now)
         self.metrics.generated_tokens.inc(generated)  # EOS is not returned, so not counted: equals usage
         self._tick(now)
@@ -163,36 +162,3 @@ class Engine(Stepping):
                 reason = FinishReason.STOP
         sequence = rec.sequence(output_ids, text, reason, score)
         self._ended_by_engine(r, reason, now, sequences=(sequence,), generated=len(output_ids))
-
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._loop, name="seqserve-engine", daemon=True)
-        self._thread.start()
-
-    def stop(self, timeout: float = 10.0) -> None:
-        """Ends the loop; anything still queued or running finishes as CANCELLED (the service drained first)."""
-        with self._wake:
-            self._stopping = True
-            self._wake.notify()
-        if self._thread is not None:
-            self._thread.join(timeout)
-        ended = [r for r in [*self.scheduler.waiting, *self.scheduler.running] if not r.done]
-        self.scheduler.drain(FinishReason.CANCELLED, time.monotonic())
-        for r in ended:
-            self.metrics.finished.labels(r.finish_reason.value).inc()
-            r.sink.flush()
-
-    def _loop(self) -> None:
-        while True:
-            with self._wake:
-                while not self._stopping and not self.scheduler.has_work():
-                    self._wake.wait()
-                if self._stopping:
-                    return
-            try:
-                self.step()
-            except Exception:  # a bug outside any one request: never lose one, fail those still running
-                log.exception("engine step failed")
-                self._fail(self._live())
-                self._emit(Plan([], [], [], []))
-            if self.after_step is not None:
-                self.after_step()

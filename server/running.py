@@ -41,6 +41,10 @@ class Running:
     def rng(self, value) -> None:
         self.request.rng = value
 
+    def at(self, slot: int) -> Running:
+        self.slot = slot
+        return self
+
     def add_logprob(self, token: int, logprobs: np.ndarray) -> None:
         """The chosen token's log-probability, and the top_logprobs alternatives; logprobs (V,) is the model's."""
         self.logprobs.append(TokenLogprob(token, float(logprobs[token]),
@@ -65,3 +69,13 @@ class Running:
         track = tuple(self.logprobs[: len(output_ids) + (reason is FinishReason.EOS)])
         cum = sum(t.logprob for t in track)
         return Sequence(output_ids, text, reason, cum, score(cum, len(track), self.params.length_penalty), track)
+
+
+def views(records) -> tuple[list[Running], ...]:
+    """The records by what a step does for them (sampled, scored, with text) and all of those: the engine keeps them
+    until a request joins or leaves, so plain greedy rows cost no Python at all per step."""
+    records = list(records)
+    sampled = [rec for rec in records if rec.sampled]
+    scored = [rec for rec in records if rec.logprobs is not None]
+    texted = [rec for rec in records if rec.text is not None]
+    return sampled, scored, texted, list({*sampled, *scored, *texted})

@@ -1,5 +1,5 @@
-"""The engine's step plumbing: the decoder and encoder calls with failure isolation, the per-request guard, ending a
-request, and what happens once per step (counting finishes, gauges, flushing every touched sink).
+"""The engine's plumbing: its thread, the decoder and encoder calls with failure isolation, the per-request guard,
+ending a request, and what happens once per step (counting finishes, gauges, flushing every touched sink).
 
 What each failure ends (the client sees INTERNAL with finish.ERROR_MESSAGE, which names no internals):
   * an encoder call that fails: each source is encoded alone, and only those that still fail end;
@@ -11,6 +11,7 @@ What each failure ends (the client sees INTERNAL with finish.ERROR_MESSAGE, whic
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterable
 
@@ -34,14 +35,54 @@ class Stepping:
         self._fresh: list[Request] = []  # requests admitted this step: their first token comes from this step
         self._gauges = (None, None, None)  # the last values set: a gauge is set only when it changes
         self._last_step_at: float | None = None
+        self.after_step: Callable[[], None] | None = None  # tests hold the engine thread here between steps
+        self._wake = threading.Condition()
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+
+    def step(self) -> None:
+        raise NotImplementedError
 
     def _forget(self, r: Request) -> None:
         """The engine drops its per-request state."""
         raise NotImplementedError
 
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="seqserve-engine", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Ends the loop; anything still queued or running finishes as CANCELLED (the service drained first)."""
+        with self._wake:
+            self._stopping = True
+            self._wake.notify()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        ended = [r for r in [*self.scheduler.waiting, *self.scheduler.running] if not r.done]
+        self.scheduler.drain(FinishReason.CANCELLED, time.monotonic())
+        for r in ended:
+            self.metrics.finished.labels(r.finish_reason.value).inc()
+            r.sink.flush()
+
+    def _loop(self) -> None:
+        while True:
+            with self._wake:
+                while not self._stopping and not self.scheduler.has_work():
+                    self._wake.wait()
+                if self._stopping:
+                    return
+            try:
+                self.step()
+            except Exception:  # a bug outside any one request: never lose one, fail those still running
+                log.exception("engine step failed")
+                self._fail(self._live())
+                self._emit(Plan([], [], [], []))
+            if self.after_step is not None:
+                self.after_step()
+
     def _each(self, items: Iterable, work: Callable) -> None:
-        """work(item) for each item (a record or a request) whose request still runs; an exception ends that
-        request alone with ERROR and the others go on."""
+        """work(item) for each item (a record, a request or a BeamResult) whose request still runs; an exception
+        ends that request alone with ERROR and the others go on."""
         for item in items:
             r = getattr(item, "request", item)
             if r.done:
