@@ -63,9 +63,10 @@ class GenerationService(pb_grpc.GenerationServicer):
         self.draining = False
         self.inflight = InFlight(metrics)
 
-    def open(self, engine, tokenizer, limits: Limits, model: dict) -> None:
-        """Starts answering generation calls (the app calls it once the model is loaded and warmed up)."""
-        self.tokenizer, self.limits = tokenizer, limits
+    def open(self, engine, tokenizer, limits: Limits, model: dict, defaults: SamplingParams = SamplingParams()) -> None:
+        """Starts answering generation calls (the app calls it once the model is loaded and warmed up). defaults: the
+        model's generation defaults, which options a request leaves unset take."""
+        self.tokenizer, self.limits, self.defaults = tokenizer, limits, defaults
         self._max_chars = limits.max_input_tokens * max(map(len, tokenizer.get_vocab())) * _CHARS_PER_TOKEN_SLACK
         config = {k: _config_value(v) for k, v in model.pop("config").items()}
         self.info = pb.ModelInfo(limits=pb.Limits(**dataclasses.asdict(limits)), config=config,
