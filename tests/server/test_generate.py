@@ -20,10 +20,16 @@ def test_unary_equals_pytorch_reference(served, heldout, reference):
     assert 0 <= r.timings.queue_seconds <= r.timings.first_token_seconds <= r.timings.total_seconds
 
 
-def test_stream_pieces_arrive_before_the_end_and_add_up_to_the_unary_text(served, heldout):
+def test_stream_pieces_arrive_before_the_end_and_add_up_to_the_unary_text(make_server, heldout):
+    s = make_server()
     src = max((s for s, _ in heldout), key=len)
-    unary = served.stub.Generate(request(src), timeout=30)
-    messages = list(served.stub.GenerateStream(request(src), timeout=30))
+    unary = s.stub.Generate(request(src), timeout=30)
+    gate = s.gate()
+    gate.close()  # the first piece is read while the engine holds after the first step
+    stream = s.stub.GenerateStream(request(src), timeout=30)
+    messages = [next(stream)]
+    gate.open()
+    messages += list(stream)
     assert len(messages) > 1 and all(m.finish_reason == pb.FINISH_REASON_UNSPECIFIED for m in messages[:-1])
     assert any(m.text for m in messages[:-1]), "no text before the final message"
     assert "".join(m.text for m in messages) == unary.text
@@ -115,7 +121,13 @@ def test_stream_interval_groups_tokens_and_still_adds_up_to_the_unary_text(make_
     s = make_server(stream_interval=4)
     src = max((src for src, _ in heldout), key=len)
     unary = s.stub.Generate(request(src, max_new_tokens=14, min_new_tokens=14), timeout=30)
-    messages = list(s.stub.GenerateStream(request(src, max_new_tokens=14, min_new_tokens=14), timeout=30))
+    gate = s.gate()
+    gate.close()
+    stream = s.stub.GenerateStream(request(src, max_new_tokens=14, min_new_tokens=14), timeout=30)
+    gate.run(3)  # four steps: the first message is read before the engine goes on
+    messages = [next(stream)]
+    gate.open()
+    messages += list(stream)
     sizes = [len(m.token_ids) for m in messages]  # groups of 4 (a slow reader may get several in one message)
     assert sum(sizes) == 14 and all(n % 4 == 0 for n in sizes[:-1]) and sizes[-1] % 4 == 2 and len(sizes) > 1
     assert "".join(m.text for m in messages) == unary.text
