@@ -137,17 +137,17 @@ class Beams:
         width = self._width[lead]  # (Q,)
 
         raw = logits[rows]  # (R, V) float32, a copy
-        x = raw.astype(np.float64)  # (R, V) the same operations as sampling.log_softmax
-        x -= x.max(axis=1, keepdims=True)
-        log_z = np.log(np.exp(x).sum(axis=1))  # (R,) the model's distribution, before min_new_tokens
-        tops = {i: top_alternatives(x[i] - log_z[i], int(self._top_n[rows[i]]))
+        top = raw.max(axis=1, keepdims=True).astype(np.float64)  # (R, 1)
+        e = np.subtract(raw, top, dtype=np.float64)  # (R, V) x - max in float64, as sampling.log_softmax
+        log_z = np.log(np.exp(e, out=e).sum(axis=1))  # (R,) the model's distribution, before min_new_tokens
+        tops = {i: top_alternatives(_shifted(raw, top, i) - log_z[i], int(self._top_n[rows[i]]))
                 for i in np.flatnonzero(self._top_n[rows]).tolist()} if self._n_top else {}
         no_eos = length < slots.min_new[rows]  # (R,) HF masks the end token after log_softmax
         if no_eos.any():
-            raw[no_eos, eos], x[no_eos, eos] = -np.inf, -np.inf
-        idx = _top_tokens(raw, x, CANDIDATES_PER_BEAM * int(width.max()))  # (R, k) each beam's best, ascending ids
+            raw[no_eos, eos] = -np.inf
+        idx = _top_tokens(raw, top, CANDIDATES_PER_BEAM * int(width.max()))  # (R, k) each beam's best, ascending
         k = idx.shape[1]
-        lp = x[np.arange(rows.size)[:, None], idx] - log_z[:, None]  # (R, k)
+        lp = _shifted(raw, top, np.arange(rows.size)[:, None], idx) - log_z[:, None]  # (R, k)
         total = (self._cum[rows][:, None] + lp).ravel()  # (R k,) by request, then (rank, token): HF's tie order
         rep = np.repeat(group, k)  # (R k,)
         cand = np.lexsort((-total, rep))  # by request, then best first (stable: ties keep the lower (rank, token))
@@ -250,20 +250,25 @@ class Beams:
                         track)
 
 
-def _top_tokens(raw: np.ndarray, x: np.ndarray, k: int) -> np.ndarray:
-    """(R, V) -> (R, k) each row's k largest x, ties to the lower id, as ascending ids. raw (float32) orders each row
-    as x (its float64 log-probabilities) does, or ties where x does not, so one argpartition of raw for all rows
-    finds the k + 1 best; a row whose k-th and (k + 1)-th x tie is resolved exactly on its own."""
-    vocab = x.shape[1]
+def _top_tokens(raw: np.ndarray, top: np.ndarray, k: int) -> np.ndarray:
+    """(R, V) float32 -> (R, k) each row's k largest x = raw - top (its float64 log-probabilities up to a constant),
+    ties to the lower id, as ascending ids. raw orders a row as x does, or ties where x does not, so one argpartition
+    of raw for all rows finds the k + 1 best; a row whose k-th and (k + 1)-th x tie is resolved exactly alone."""
+    n, vocab = raw.shape
     if k >= vocab:
-        return np.broadcast_to(np.arange(vocab), x.shape).copy()
+        return np.broadcast_to(np.arange(vocab), raw.shape).copy()
     idx = np.argpartition(raw, vocab - k - 1, axis=1)[:, vocab - k - 1 :]  # (R, k + 1); [:, 0] is the (k + 1)-th
-    best = x[np.arange(x.shape[0])[:, None], idx]  # (R, k + 1)
+    best = _shifted(raw, top, np.arange(n)[:, None], idx)  # (R, k + 1)
     idx = idx[:, 1:]
     for i in np.flatnonzero(best[:, 1:].min(axis=1) <= best[:, 0]).tolist():
-        idx[i] = _best(x[i], k)
+        idx[i] = _best(_shifted(raw, top, i), k)
     idx.sort(axis=1)
     return idx
+
+
+def _shifted(raw: np.ndarray, top: np.ndarray, i, j=slice(None)) -> np.ndarray:
+    """raw[i, j] - top[i] in float64: log_softmax's x - max for those entries (as sampling.log_softmax computes)."""
+    return raw[i, j].astype(np.float64) - top[i, 0]
 
 
 def _heads(a: np.ndarray) -> np.ndarray:
