@@ -57,6 +57,21 @@ class _Search:
     finished: list[_Hypothesis] = field(default_factory=list)  # best first, at most num_beams
 
 
+@dataclass(frozen=True)
+class _Candidates:
+    """Kept candidates (M,), by request then rank: each one's parent (an index into the step's live rows), token,
+    log-probability, cumulative log-probability and request (an index into the step's requests)."""
+
+    parent: np.ndarray
+    token: np.ndarray
+    logprob: np.ndarray
+    total: np.ndarray
+    group: np.ndarray
+
+    def take(self, mask: np.ndarray) -> _Candidates:
+        return _Candidates(self.parent[mask], self.token[mask], self.logprob[mask], self.total[mask], self.group[mask])
+
+
 class Beams:
     """Every running beam request's rows: admission, the log-probabilities they need, selection, reorder, ending and
     scores, as vector operations over all beam requests in the batch."""
@@ -80,6 +95,7 @@ class Beams:
         slots.track(self._owner, self._beam, self._width, self._penalty, self._early, self._top_n, self._cum,
                     self._logprob, self._tops, self._n_finished, self._worst)
         self._searches: dict[int, _Search] = {}  # request id -> its finished hypotheses
+        self._n_top = 0  # running requests that ask for top_logprobs (their rows cost a loop each)
 
     def admit(self, requests: list[Request]) -> None:
         """Requests with n_rows > 1 that the runner has just admitted (their rows are placed): one live beam each."""
@@ -91,6 +107,7 @@ class Beams:
             for row in rows:
                 self._tops[row] = ()
             self._searches[r.id] = _Search(r)
+            self._n_top += bool(p.top_logprobs)
 
     def owns(self) -> np.ndarray:
         """(hi,) bool: the rows whose token this component chooses (the engine skips them)."""
@@ -98,7 +115,8 @@ class Beams:
 
     def drop(self, request: Request) -> None:
         """A beam request left for another reason (cancel, deadline, error): forget it."""
-        if self._searches.pop(request.id, None) is not None:
+        if (search := self._searches.pop(request.id, None)) is not None:
+            self._n_top -= bool(search.request.params.top_logprobs)
             mine = self._owner == request.id  # (C,) its rows, if still placed
             self._owner[mine], self._beam[mine] = 0, 0
 
@@ -110,65 +128,71 @@ class Beams:
         rows = np.flatnonzero(beam)  # (R,) every live beam of every beam request
         if not rows.size:
             return []
-        rows = rows[np.lexsort((beam[rows], self._owner[rows]))]  # by request, then rank
-        owners, first, group = np.unique(self._owner[rows], return_index=True, return_inverse=True)  # (Q,) (Q,) (R,)
-        rank, lead = beam[rows] - 1, rows[first]  # (R,) and each request's best live row (Q,)
-        width, length, penalty = self._width[lead], slots.length[lead], self._penalty[lead]  # (Q,)
-        n_fin, worst = self._n_finished[lead], self._worst[lead]  # (Q,)
-        n_req, most = len(owners), int(width.max())
+        owner = self._owner[rows]
+        order = np.lexsort((beam[rows], owner))
+        rows, owner = rows[order], owner[order]  # by request, then rank
+        head = _heads(owner)  # (R,) a request's best live beam starts its rows
+        group, start = np.cumsum(head) - 1, np.flatnonzero(head)  # (R,) request index of each row; (Q,)
+        lead, length = rows[start], slots.length[rows]  # (Q,) each request's best live row; (R,) tokens so far
+        width = self._width[lead]  # (Q,)
 
-        x = logits[rows].astype(np.float64)  # (R, V) the same operations as sampling.log_softmax
-        x -= x.max(axis=1, keepdims=True)
-        log_z = np.log(np.exp(x).sum(axis=1))  # (R,) the model's distribution, before min_new_tokens
-        tops = {i: top_alternatives(x[i] - log_z[i], int(self._top_n[rows[i]]))
-                for i in np.flatnonzero(self._top_n[rows]).tolist()}
-        x[length[group] < slots.min_new[rows], eos] = -np.inf  # HF masks the end token after log_softmax
-        idx = _top_tokens(x, CANDIDATES_PER_BEAM * most)  # (R, k) each beam's best tokens, ascending ids
+        raw = logits[rows]  # (R, V) float32, a copy
+        top = raw.max(axis=1, keepdims=True).astype(np.float64)  # (R, 1)
+        e = np.subtract(raw, top, dtype=np.float64)  # (R, V) x - max in float64, as sampling.log_softmax
+        log_z = np.log(np.exp(e, out=e).sum(axis=1))  # (R,) the model's distribution, before min_new_tokens
+        tops = {i: top_alternatives(_shifted(raw, top, i) - log_z[i], int(self._top_n[rows[i]]))
+                for i in np.flatnonzero(self._top_n[rows]).tolist()} if self._n_top else {}
+        no_eos = length < slots.min_new[rows]  # (R,) HF masks the end token after log_softmax
+        if no_eos.any():
+            raw[no_eos, eos] = -np.inf
+        idx = _top_tokens(raw, top, CANDIDATES_PER_BEAM * int(width.max()))  # (R, k) each beam's best, ascending
         k = idx.shape[1]
-        lp = np.take_along_axis(x, idx, axis=1) - log_z[:, None]  # (R, k)
+        lp = _shifted(raw, top, np.arange(rows.size)[:, None], idx) - log_z[:, None]  # (R, k)
+        total = (self._cum[rows][:, None] + lp).ravel()  # (R k,) by request, then (rank, token): HF's tie order
+        rep = np.repeat(group, k)  # (R k,)
+        cand = np.lexsort((-total, rep))  # by request, then best first (stable: ties keep the lower (rank, token))
+        g = rep[cand]
+        pos = np.arange(cand.size) - start[g] * k  # rank among its request's candidates
+        keep = (pos < CANDIDATES_PER_BEAM * width[g]) & (total[cand] > -np.inf)
+        cand, g, pos = cand[keep], g[keep], pos[keep]  # (M,) the kept candidates
+        c = _Candidates(cand // k, idx.ravel()[cand], lp.ravel()[cand], total[cand], g)
+        stop = (c.token == eos) | (length + 1 >= slots.max_new[rows])[c.parent]  # (M,)
+        finished = stop & (pos < width[g])  # HF: a stop outside the top num_beams is dropped
+        running = ~stop
+        first = np.flatnonzero(_heads(g))  # (Q,) every request keeps at least one candidate
+        new_rank = np.cumsum(running)
+        new_rank -= new_rank[first][g] - running[first][g] + 1
+        running &= new_rank < width[g]
 
-        cand = np.full((n_req, most, k), -np.inf)  # (Q, B, k) cumulative log-probability of each candidate
-        cand[group, rank] = self._cum[rows][:, None] + lp
-        token, logprob, parent = np.zeros((n_req, most, k), np.int64), np.zeros((n_req, most, k)), np.zeros(
-            (n_req, most), np.int64)
-        token[group, rank], logprob[group, rank], parent[group, rank] = idx, lp, np.arange(rows.size)
-        cand, token, logprob = cand.reshape(n_req, -1), token.reshape(n_req, -1), logprob.reshape(n_req, -1)
-        order = np.argsort(-cand, axis=1, kind="stable")[:, : CANDIDATES_PER_BEAM * most]  # ties: lower (rank, id)
-        total, token = np.take_along_axis(cand, order, 1), np.take_along_axis(token, order, 1)  # (Q, 2B)
-        logprob, src = np.take_along_axis(logprob, order, 1), np.take_along_axis(parent, order // k, 1)  # src: in R
-
-        col = np.arange(order.shape[1])
-        valid = np.isfinite(total) & (col < CANDIDATES_PER_BEAM * width[:, None])
-        stop = (token == eos) | (length + 1 >= slots.max_new[lead])[:, None]  # (Q, 2B)
-        finished = valid & stop & (col < width[:, None])  # HF: a stop outside the top num_beams is dropped
-        running = valid & ~stop
-        new_rank = np.cumsum(running, axis=1) - 1
-        running &= new_rank < width[:, None]
-
-        self._finish(finished, owners, rows, src, token, logprob, total, length, penalty, tops, n_fin, worst)
-        best = np.take_along_axis(total, running.argmax(axis=1)[:, None], 1)[:, 0]  # (Q,) the best live beam's
-        done = ~running.any(axis=1) | ((n_fin == width) & (self._early[lead] | (score(best, length + 1, penalty)
-                                                                              <= worst)))
+        n_fin, worst = self._n_finished[lead], self._worst[lead]  # (Q,)
+        penalty = self._penalty[lead]
+        if finished.any():
+            self._finish(c.take(finished), rows, self._owner[lead], length[start], penalty, tops, n_fin, worst)
+        best = np.maximum.reduceat(np.where(running, c.total, -np.inf), first)  # (Q,) the best live beam's
+        done = best == -np.inf
+        full = n_fin == width
+        if full.any():  # HF's heuristic only once num_beams hypotheses are finished
+            done |= full & (self._early[lead] | (score(best, length[start] + 1, penalty) <= worst))
         self._beam[rows] = 0  # the new live beams take their ranks below
-        q, c = np.nonzero(running & ~done[:, None])  # (N,) the new live beams, by request then rank
-        self._extend(rows[src[q, c]], owners[q], token[q, c], logprob[q, c], total[q, c], new_rank[q, c],
-                     length[q], n_fin[q], worst[q], [tops.get(i) for i in src[q, c].tolist()] if tops else None)
-        return [self._result(self._searches.pop(int(owners[i]))) for i in np.flatnonzero(done).tolist()]
+        going = running & ~done[g]
+        if going.all():
+            self._extend(c, new_rank, rows, self._owner[lead], length, n_fin, worst, tops)
+        elif going.any():
+            self._extend(c.take(going), new_rank[going], rows, self._owner[lead], length, n_fin, worst, tops)
+        if not done.any():
+            return []
+        return [self._result(self._searches.pop(int(o))) for o in self._owner[lead[done]].tolist()]
 
-    def _finish(self, finished, owners, rows, src, token, logprob, total, length, penalty, tops, n_fin, worst):
+    def _finish(self, c: _Candidates, rows, owners, length, penalty, tops, n_fin, worst) -> None:
         """Candidates that stopped among the first num_beams become hypotheses; n_fin and worst (Q,) follow."""
-        q_all, c_all = np.nonzero(finished)  # by request, then rank
-        if not q_all.size:
-            return
-        scores = score(total[q_all, c_all], length[q_all] + 1, penalty[q_all]).tolist()  # n counts the end token
+        scores = score(c.total, length[c.group] + 1, penalty[c.group]).tolist()  # n counts the end token
         new: dict[int, list[_Hypothesis]] = {}
-        for j, (q, c) in enumerate(zip(q_all.tolist(), c_all.tolist())):
-            i, n = int(src[q, c]), int(length[q])
-            row = rows[i]
+        for j, (i, q) in enumerate(zip(c.parent.tolist(), c.group.tolist())):
+            row, n = rows[i], int(length[q])
             tops_row = self._tops[row] + (tops[i],) if i in tops else ()
             new.setdefault(q, []).append(_Hypothesis(
-                tuple(self.runner.slots.ids[row, 1 : 1 + n].tolist()) + (int(token[q, c]),),
-                tuple(self._logprob[row, :n].tolist()) + (float(logprob[q, c]),), tops_row, float(total[q, c]),
+                tuple(self.runner.slots.ids[row, 1 : 1 + n].tolist()) + (int(c.token[j]),),
+                tuple(self._logprob[row, :n].tolist()) + (float(c.logprob[j]),), tops_row, float(c.total[j]),
                 scores[j]))
         for q, hyps in new.items():
             search = self._searches[int(owners[q])]
@@ -176,41 +200,43 @@ class Beams:
             search.finished = sorted(search.finished + hyps, key=lambda h: -h.score)[:keep]  # stable: older first
             n_fin[q], worst[q] = len(search.finished), search.finished[-1].score
 
-    def _extend(self, src, owner, token, logprob, total, rank, length, n_fin, worst, tops) -> None:
+    def _extend(self, c: _Candidates, rank, rows, owners, length, n_fin, worst, tops) -> None:
         """The new live beams (N,): the first child of each parent stays in its row, the others are copied into the
         rows of their request that hold no new beam; then every new beam's token is appended."""
-        if not src.size:
-            return
         slots = self.runner.slots
-        _, first = np.unique(src, return_index=True)
-        moves = np.ones(src.size, bool)
-        moves[first] = False
+        src = rows[c.parent]  # (N,) by request, then rank
+        nth = np.arange(src.size)
+        first = np.full(rows.size, src.size)
+        np.minimum.at(first, c.parent, nth)  # each parent's first child
+        moves = first[c.parent] != nth  # a parent's later children move
         dst = src.copy()
         if moves.any():
-            mine = np.flatnonzero(np.isin(self._owner[: slots.hi], owner))  # every row of the continuing requests
-            kept = np.zeros(slots.hi, bool)
-            kept[src[~moves]] = True
-            free = mine[~kept[mine]]
-            free = free[np.argsort(self._owner[free], kind="stable")]  # by request
-            mover = owner[moves]  # ascending: the new beams come by request
-            nth = np.arange(mover.size) - np.searchsorted(mover, mover)  # each mover's index among its request's
-            dst[moves] = free[np.searchsorted(self._owner[free], mover) + nth]
+            owner = self._owner[: slots.hi]
+            at = np.minimum(np.searchsorted(owners, owner), owners.size - 1)
+            kept = (owners[at] == owner) & (self._beam[: slots.hi] == 0)  # rows of these requests with no beam yet
+            kept[src[~moves]] = False
+            free = np.flatnonzero(kept)
+            free = free[np.argsort(owner[free], kind="stable")]  # by request
+            mover = c.group[moves]  # ascending: the new beams come by request
+            nth = nth[: mover.size] - np.searchsorted(mover, mover)  # each mover's index among its request's
+            dst[moves] = free[np.searchsorted(owner[free], owners[mover]) + nth]
             self.runner.reorder(dst[moves], src[moves])  # tokens and self K/V; all read before any is written
             for a in (self._logprob, self._tops):
                 a[dst[moves]] = a[src[moves]]
-        self._beam[dst], self._cum[dst] = rank + 1, total
-        self._logprob[dst, length] = logprob
-        self._n_finished[dst], self._worst[dst] = n_fin, worst
-        for j in np.flatnonzero(self._top_n[dst]).tolist() if tops is not None else ():
-            self._tops[dst[j]] = self._tops[dst[j]] + (tops[j],)
+        self._beam[dst], self._cum[dst] = rank + 1, c.total
+        self._logprob[dst, length[c.parent]] = c.logprob
+        self._n_finished[dst], self._worst[dst] = n_fin[c.group], worst[c.group]
+        for j in np.flatnonzero(self._top_n[dst]).tolist() if tops else ():
+            self._tops[dst[j]] = self._tops[dst[j]] + (tops[int(c.parent[j])],)
         chosen = np.zeros(slots.hi, np.int64)
-        chosen[dst] = token
+        chosen[dst] = c.token
         appended = np.zeros(slots.hi, bool)
         appended[dst] = True
         slots.append(chosen, appended)
 
     def _result(self, search: _Search) -> BeamResult:
         r = search.request
+        self._n_top -= bool(r.params.top_logprobs)
         sequences = tuple(self._sequence(h, r.params.return_logprobs)
                           for h in search.finished[: r.params.num_return_sequences])
         return BeamResult(r, sequences, sequences[0].finish_reason, len(sequences[0].token_ids))
@@ -224,18 +250,33 @@ class Beams:
                         track)
 
 
-def _top_tokens(x: np.ndarray, k: int) -> np.ndarray:
-    """(R, V) -> (R, k) each row's k largest, ties to the lower id, as ascending ids (one argpartition for all rows;
-    a row with ties at its k-th value is resolved exactly on its own)."""
-    vocab = x.shape[1]
+def _top_tokens(raw: np.ndarray, top: np.ndarray, k: int) -> np.ndarray:
+    """(R, V) float32 -> (R, k) each row's k largest x = raw - top (its float64 log-probabilities up to a constant),
+    ties to the lower id, as ascending ids. raw orders a row as x does, or ties where x does not, so one argpartition
+    of raw for all rows finds the k + 1 best; a row whose k-th and (k + 1)-th x tie is resolved exactly alone."""
+    n, vocab = raw.shape
     if k >= vocab:
-        return np.broadcast_to(np.arange(vocab), x.shape).copy()
-    idx = np.argpartition(x, vocab - k, axis=1)[:, vocab - k :]  # (R, k) unordered; [:, 0] holds the k-th largest
-    kth = np.take_along_axis(x, idx[:, :1], axis=1)  # (R, 1)
-    for i in np.flatnonzero(np.count_nonzero(x >= kth, axis=1) > k).tolist():
-        idx[i] = _best(x[i], k)
+        return np.broadcast_to(np.arange(vocab), raw.shape).copy()
+    idx = np.argpartition(raw, vocab - k - 1, axis=1)[:, vocab - k - 1 :]  # (R, k + 1); [:, 0] is the (k + 1)-th
+    best = _shifted(raw, top, np.arange(n)[:, None], idx)  # (R, k + 1)
+    idx = idx[:, 1:]
+    for i in np.flatnonzero(best[:, 1:].min(axis=1) <= best[:, 0]).tolist():
+        idx[i] = _best(_shifted(raw, top, i), k)
     idx.sort(axis=1)
     return idx
+
+
+def _shifted(raw: np.ndarray, top: np.ndarray, i, j=slice(None)) -> np.ndarray:
+    """raw[i, j] - top[i] in float64: log_softmax's x - max for those entries (as sampling.log_softmax computes)."""
+    return raw[i, j].astype(np.float64) - top[i, 0]
+
+
+def _heads(a: np.ndarray) -> np.ndarray:
+    """(n,) bool: where a new value starts in a sorted array."""
+    head = np.empty(a.size, bool)
+    head[:1] = True
+    np.not_equal(a[1:], a[:-1], out=head[1:])
+    return head
 
 
 def _best(values: np.ndarray, k: int) -> np.ndarray:
