@@ -38,7 +38,7 @@ class Engine(Stepping):
         self.eos_id = special["eos_id"]
         self.banned = np.array([special[k] for k in ("pad_id", "bos_id", "unk_id")], np.int64)  # never sampled
         self._running: dict[Request, Running] = {}  # every running greedy or sampled request's record
-        self._views: tuple[list[Running], ...] | None = None  # _make_views: None when a record joined or left
+        self._views: tuple[list[Running], ...] | None = None  # running.views: None when a record joined or left
         self.beams = Beams(runner, lambda ids: tokenizer.decode(ids, skip_special_tokens=True), self.eos_id)
 
     def submit(self, request: Request) -> None:
@@ -108,7 +108,8 @@ class Engine(Stepping):
         slots.append(chosen, appended)
         self._first_tokens(now)
         self._each(texted, lambda rec: self._text(rec, int(chosen[rec.slot]), appended, codes))
-        ended = [self._running[slots.requests[s]].at(s) for s in np.flatnonzero(codes).tolist()]
+        ended = [rec.at(s) for s in np.flatnonzero(codes).tolist()  # (a request that failed this step has left)
+                 if (rec := self._running.get(slots.requests[s])) is not None]
         self._each(ended, lambda rec: self._end(rec, finish.REASONS[int(codes[rec.slot])], now))
         generated = int(appended.sum()) + self._advance_beams(logits, now)
         self.metrics.generated_tokens.inc(generated)  # EOS is not returned, so not counted: equals usage
@@ -120,7 +121,7 @@ class Engine(Stepping):
 
     def _text(self, rec: Running, token: int, appended: np.ndarray, codes: np.ndarray) -> None:
         """A row's new token in its text (a stop string ends it STOP) and its stream."""
-        if rec.text is not None and appended[rec.slot]:
+        if appended[rec.slot]:
             piece = rec.text.push(token)
             if rec.text.stopped:
                 codes[rec.slot] = finish.STOP

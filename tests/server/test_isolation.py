@@ -49,6 +49,8 @@ def _raise_for_poison(original, params_of):
 # phase -> (object, attribute, how the patched call finds its request's params, the poisoned request's options)
 PHASES = {
     "sampling": (engine, "sample_row", lambda logits, rec, *a: rec.params, dict(temperature=0.8)),
+    "sampling its last token": (engine, "sample_row", lambda logits, rec, *a: rec.params,
+                                dict(temperature=0.8, max_new_tokens=1)),  # a finish rule also fires for its row
     "text": (detokenizer.TextStream, "push", lambda text, *a: _by_stop(text.stops), dict(stop=("never-there",))),
     "logprobs": (running, "top_alternatives", lambda lps, n: _by_top(n), dict(return_logprobs=True, top_logprobs=2)),
     "end": (running.Running, "sequence", lambda rec, *a: rec.params, {}),
@@ -78,7 +80,7 @@ def _result(r: Request):
 def test_a_failure_in_one_requests_bookkeeping_ends_it_alone(setup, monkeypatch, phase):
     eng, sources, mates, alone = setup
     owner, name, params_of, options = PHASES[phase]
-    poisoned = Request(sources[0], SamplingParams(max_new_tokens=MAX_NEW, seed=POISON_SEED, **options))
+    poisoned = Request(sources[0], SamplingParams(**{"max_new_tokens": MAX_NEW, "seed": POISON_SEED, **options}))
     monkeypatch.setattr(owner, name, _raise_for_poison(getattr(owner, name), params_of))
     mates_now, want = [Request(s, p) for s, p in zip(sources, mates)], alone
     eng.generate(mates_now[:4] + [poisoned] + mates_now[4:])
