@@ -76,14 +76,17 @@ class Engine(Stepping):
             self._encode(plan.encode)
         admitted = [r for r in plan.admitted if not r.done]
         self.runner.admit(admitted)
-        self.beams.admit([r for r in admitted if r.n_rows > 1])
-        self._fresh = admitted  # their first token comes from this step
-        for r in admitted:
-            if r.n_rows == 1:
-                p = r.params
-                self._views = None
-                self._running[r] = Running(r, TextStream(self.tokenizer, p.stop) if r.stream or p.stop else None,
-                                           logprobs=[] if p.return_logprobs else None)
+        self._each(admitted, self._join)
+        self._fresh = [r for r in admitted if not r.done]  # their first token comes from this step
+
+    def _join(self, r: Request) -> None:
+        """A request placed in the batch: a beam request joins the beam component, any other gets its record."""
+        if r.n_rows > 1:
+            self.beams.admit([r])
+            return
+        p, self._views = r.params, None
+        self._running[r] = Running(r, TextStream(self.tokenizer, p.stop) if r.stream or p.stop else None,
+                                   logprobs=[] if p.return_logprobs else None)
 
     def _forget(self, r: Request) -> None:
         if self._running.pop(r, None) is not None:

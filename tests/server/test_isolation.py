@@ -53,6 +53,8 @@ PHASES = {
                                 dict(temperature=0.8, max_new_tokens=1)),  # a finish rule also fires for its row
     "text": (detokenizer.TextStream, "push", lambda text, *a: _by_stop(text.stops), dict(stop=("never-there",))),
     "logprobs": (running, "top_alternatives", lambda lps, n: _by_top(n), dict(return_logprobs=True, top_logprobs=2)),
+    "joining": (detokenizer.TextStream, "__init__", lambda text, tok, stops=(): _by_stop(stops),
+                dict(stop=("never-there",))),
     "end": (running.Running, "sequence", lambda rec, *a: rec.params, {}),
     "beam end": (Engine, "_end_beams", lambda self, b, *a: b.request.params, dict(num_beams=2)),
 }
