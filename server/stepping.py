@@ -173,7 +173,8 @@ class Stepping:
 
     def _emit(self, plan: Plan) -> None:
         """Once per step: finishes are counted (each once, in the step it ended), gauges are set, then every touched
-        sink hands its events on (so a client that has its answer finds it counted)."""
+        sink hands its events on (so a client that has its answer finds it counted, and its rows freed)."""
+        self.runner.retire(self._ended)  # the next schedule retires them from the scheduler (the runner: a no-op)
         for r in [*self._ended, *plan.abandoned, *plan.dropped, *self._ended_waiting]:
             self.metrics.finished.labels(r.finish_reason.value).inc()
             self._sinks.add(r.sink)
