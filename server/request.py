@@ -2,7 +2,8 @@
 
 Status is an ordered enum: a request only moves forward (WAITING < ENCODED < RUNNING < FINISHED). The way back to the
 caller is explicit: the Sink given at construction receives the request's Events (the service's sink hands them to
-its event loop; an offline caller passes none and reads the finished Request).
+its event loop; an offline caller passes none and reads the finished Request's result). The last Event carries the
+request's Result by value, so no other thread ever reads a Request the engine thread writes.
 """
 from __future__ import annotations
 
