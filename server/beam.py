@@ -12,8 +12,8 @@ its source) implements them; this is the same algorithm on numpy arrays, so the 
 Ties go to the lower (beam rank, token) index, sums are float64.
 
 One step for all beam requests at once: one log-softmax normaliser and one argpartition over the stacked (rows, V)
-live beams (a beam's own 2 x num_beams best tokens hold every candidate its request can keep), then one stable sort
-of each request's (num_beams x 2 num_beams) candidates. A new beam stays in its parent's row when it is the parent's
+live beams (a beam's own 2 x num_beams best tokens hold every candidate its request can keep), then one stable
+lexsort of every candidate by request and cumulative log-probability. A new beam stays in its parent's row when it is the parent's
 first child; only a parent's further children are copied into rows whose beam had none, so the in-place KV cache
 copies a few rows' written columns per step instead of every row's buffers. Python loops run only per finished
 hypothesis, per ended request and per row that asks for top_logprobs alternatives.
@@ -122,7 +122,8 @@ class Beams:
 
     def advance(self, logits: np.ndarray, now: float) -> list[BeamResult]:
         """One step for every beam request: select, reorder the caches by index, append the chosen tokens.
-        Returns the beam requests that ended this step (their rows are still placed; the engine retires them)."""
+        Returns the beam requests that ended this step (their rows are still placed; the engine retires them).
+        now is unused: a request's timings are the engine's."""
         slots, eos = self.runner.slots, self.eos_id
         beam = self._beam[: slots.hi]
         rows = np.flatnonzero(beam)  # (R,) every live beam of every beam request
