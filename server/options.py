@@ -13,6 +13,8 @@ from seqserve.contract.decoding import REPETITION_PENALTY, TEMPERATURE, TOP_P, b
 from seqserve.server.request import SamplingParams
 from seqserve.server.settings import Limits
 
+NO_DEFAULTS = SamplingParams()  # a bundle without generation defaults
+
 
 class InvalidOption(ValueError):
     """An option outside its range: the message names the field (the service answers INVALID_ARGUMENT)."""
@@ -31,7 +33,7 @@ def _given(o, name: str, default):
     return value or default
 
 
-def sampling_params(o, limits: Limits, defaults: SamplingParams = SamplingParams()) -> SamplingParams:
+def sampling_params(o, limits: Limits, defaults: SamplingParams = NO_DEFAULTS) -> SamplingParams:
     """The validated options; seed is None when the request left it unset (the service draws one per input)."""
     cap = limits.max_new_tokens
     max_new = o.max_new_tokens if o.HasField("max_new_tokens") else limits.default_max_new_tokens

@@ -9,8 +9,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import logging
 import json
+import logging
 import secrets
 import time
 
@@ -57,13 +57,14 @@ class GenerationService(pb_grpc.GenerationServicer):
     def __init__(self, metrics: Metrics) -> None:
         self.metrics = metrics
         self.engine = self.tokenizer = self.limits = self.info = None
-        self.defaults = SamplingParams()  # the model's generation defaults: options a request leaves unset
+        self.defaults = options.NO_DEFAULTS  # the model's generation defaults: options a request leaves unset take them
         self._max_chars = 0  # inputs longer than this cannot fit max_input_tokens: refused before tokenising
         self.outbox: Outbox | None = None  # the engine's events for this event loop
         self.draining = False
         self.inflight = InFlight(metrics)
 
-    def open(self, engine, tokenizer, limits: Limits, model: dict, defaults: SamplingParams = SamplingParams()) -> None:
+    def open(self, engine, tokenizer, limits: Limits, model: dict,
+             defaults: SamplingParams = options.NO_DEFAULTS) -> None:
         """Starts answering generation calls (the app calls it once the model is loaded and warmed up). defaults: the
         model's generation defaults, which options a request leaves unset take."""
         self.tokenizer, self.limits, self.defaults = tokenizer, limits, defaults
