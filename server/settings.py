@@ -45,10 +45,12 @@ class Settings:
     tls_key_file: Path | None = _opt(None, "PEM private key of --tls-cert-file", type=Path)
     tls_client_ca_file: Path | None = _opt(None, "PEM CA certificates: mutual TLS, every client must present a "
                                                  "certificate they signed (needs --tls-cert-file)", type=Path)
-    auth_token_file: Path | None = _opt(None, "file of accepted bearer tokens, one per line (# comments): calls "
-                                              "without one get UNAUTHENTICATED", type=Path)
-    auth_tokens: str | None = _opt(None, "accepted bearer tokens, comma-separated; set the variable rather than the "
-                                         "flag, which other users can read in the process list", repr=False)
+    auth_token_file: Path | None = _opt(None, "file of accepted bearer tokens, one per line (# comments; "
+                                              "surrounding whitespace is stripped): calls without one get "
+                                              "UNAUTHENTICATED", type=Path)
+    auth_tokens: str | None = _opt(None, "accepted bearer tokens, comma-separated (surrounding whitespace is "
+                                         "stripped); set the variable rather than the flag, which other users can "
+                                         "read in the process list", repr=False)
     auth_exempt_health: bool = _opt(True, "health checks answer without a token (probes and load balancers)",
                                     type=bool)
     reflection: bool = _opt(True, "serve gRPC reflection (grpcurl list/describe); needs a token when auth is on",
@@ -148,6 +150,9 @@ class Settings:
     def tokens(self) -> frozenset[str]:
         """The accepted bearer tokens (empty: authentication is off), from the file and the variable together."""
         tokens = [t.strip() for t in (self.auth_tokens or "").split(",") if t.strip()]
+        if self.auth_tokens and not tokens:  # " " or "," must not quietly turn authentication off
+            raise SettingsError(f"{_names('auth_tokens')} holds no token (only commas or whitespace); unset it to "
+                                "turn authentication off")
         path = self.auth_token_file
         if path is not None and Path(path).is_file():
             lines = [line.strip() for line in Path(path).read_text().splitlines()]

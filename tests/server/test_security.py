@@ -142,6 +142,11 @@ def test_right_tokens_from_the_file_and_the_variable_pass(auth_server, heldout, 
             assert client.model_info()["limits"]["max_inflight_bytes"] > 0
     assert _code(auth_server.stub.Generate, request(src), timeout=10) == Code.UNAUTHENTICATED
     assert auth_server.metric("seqserve_requests_total", method="Generate", code="UNAUTHENTICATED") == before + 1
+    for header in (f"bearer {TOKEN}", f"BEARER  {TOKEN} ", f"  Bearer {OTHER_TOKEN}"):  # RFC 7235: any case
+        assert auth_server.stub.Generate(request(src), metadata=(("authorization", header),), timeout=30).text == tgt
+    for header in (f"Basic {TOKEN}", f"Bearer{TOKEN}", TOKEN):
+        assert _code(auth_server.stub.Generate, request(src), metadata=(("authorization", header),),
+                     timeout=10) == Code.UNAUTHENTICATED
     token_file = tmp_path / "token"
     token_file.write_text(TOKEN + "\n")
     assert main(["generate", src, "--server", auth_server.address, "--token-file", str(token_file)]) == 0
