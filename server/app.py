@@ -16,13 +16,14 @@ import time
 import grpc
 import onnxruntime as ort
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from grpc_health.v1._async import HealthServicer
-from grpc_reflection.v1alpha import reflection
+from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
 
 from seqserve.contract.integrity import check_graphs, open_bundle
 from seqserve.server.auth import TokenAuth
 from seqserve.server.device import RuntimeConfig
 from seqserve.server.engine import Engine
+from seqserve.server.handlers import add_refusing
+from seqserve.server.health import Health
 from seqserve.server.metrics import Metrics
 from seqserve.server.request import Request, SamplingParams
 from seqserve.server.runner import Runner
@@ -45,7 +46,7 @@ class App:
         self.settings = settings
         self.metrics = metrics or Metrics()
         self.service = GenerationService(self.metrics)
-        self.health = HealthServicer()
+        self.health = Health(settings.max_health_watches, self.metrics)
         self.server: grpc.aio.Server | None = None
         self.runner: Runner | None = None
         self.engine: Engine | None = None
@@ -76,11 +77,12 @@ class App:
         self.server = grpc.aio.server(interceptors=interceptors, options=[
             ("grpc.so_reuseport", 0), ("grpc.max_receive_message_length", s.max_receive_message_bytes)])
         self.service.add_to(self.server)
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        # health and reflection are grpcio's servicers, registered with decoders that never raise (handlers.py)
+        add_refusing(health_pb2_grpc.add_HealthServicer_to_server, self.health, self.server)
         if s.reflection:
-            reflection.enable_server_reflection(
-                (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
-                self.server)
+            names = (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME)
+            add_refusing(reflection_pb2_grpc.add_ServerReflectionServicer_to_server,
+                         reflection.aio.ReflectionServicer(names), self.server)
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         address = f"{s.bind}:{s.port}"
         try:

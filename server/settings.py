@@ -53,6 +53,8 @@ class Settings:
                                          "read in the process list", repr=False)
     auth_exempt_health: bool = _opt(True, "health checks answer without a token (probes and load balancers)",
                                     type=bool)
+    max_health_watches: int = _opt(256, "health Watch streams open at once (they need no token by default); more "
+                                        "get RESOURCE_EXHAUSTED", type=int)
     reflection: bool = _opt(True, "serve gRPC reflection (grpcurl list/describe); needs a token when auth is on",
                             type=bool)
     variant: str = _opt("fp32", "precision variant of the bundle to serve", choices=VARIANTS)
@@ -114,7 +116,7 @@ class Settings:
                              ("max_kv_tokens", 1, None), ("encode_batch", 1, None), ("stream_interval", 1, None),
                              ("max_encoded_bytes", 0, None), ("max_input_tokens", 1, None), ("max_new_tokens", 1, None),
                              ("default_max_new_tokens", 1, None), ("max_stop_strings", 0, None),
-                             ("max_batch_inputs", 1, None), ("max_num_beams", 1, None), ("max_top_logprobs", 0, None),
+                             ("max_batch_inputs", 1, None), ("max_num_beams", 1, None), ("max_health_watches", 0, None), ("max_top_logprobs", 0, None),
                              ("grace_seconds", 0, None),
                              ("max_stop_string_bytes", 1, None), ("max_stop_bytes", 1, None),
                              ("max_receive_message_bytes", 1024, None), ("max_inflight_bytes", 1024, None)):

@@ -12,7 +12,7 @@ from pathlib import Path
 import grpc
 import pytest
 import trustme
-from grpc_harness import Served, request
+from grpc_harness import Served, request, wait_for
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 
@@ -188,6 +188,27 @@ def test_reflection_off_and_metrics_only_at_their_path(make_server):
             urllib.request.urlopen(base + path, timeout=10)
         assert err.value.code == 404, path
     assert s.app._http.server_address[0] == "127.0.0.1"
+
+
+def test_health_watch_streams_are_bounded(make_server):
+    """Issue 16, item 11: Watch needs no token and stays open; 2,000 of them held 43 MiB. Beyond
+    max_health_watches a new one is RESOURCE_EXHAUSTED, and a closed one frees its place."""
+    s = make_server(max_health_watches=3, metrics_port=-1)
+    stub = health_pb2_grpc.HealthStub(s.channel)
+    watches = [stub.Watch(health_pb2.HealthCheckRequest(), timeout=60) for _ in range(3)]
+    assert [next(w).status for w in watches] == [health_pb2.HealthCheckResponse.SERVING] * 3  # all three open
+    extra = stub.Watch(health_pb2.HealthCheckRequest(), timeout=10)
+    with pytest.raises(grpc.RpcError) as info:
+        next(extra)
+    assert info.value.code() == Code.RESOURCE_EXHAUSTED and "max_health_watches=3" in info.value.details()
+    assert s.metric("seqserve_rejected_requests_total", reason="health_watches") == 1
+    assert stub.Check(health_pb2.HealthCheckRequest(), timeout=10).status == health_pb2.HealthCheckResponse.SERVING
+    watches.pop().cancel()
+    wait_for(lambda: s.app.health.watches == 2, what="the cancelled Watch to close")
+    again = stub.Watch(health_pb2.HealthCheckRequest(), timeout=60)
+    assert next(again).status == health_pb2.HealthCheckResponse.SERVING
+    for w in (*watches, again):
+        w.cancel()
 
 
 def test_a_message_over_the_receive_limit_is_resource_exhausted(make_server):
