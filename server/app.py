@@ -73,9 +73,13 @@ class App:
         s = self.settings
         tokens = s.tokens()
         interceptors = [TokenAuth(tokens, self.metrics, SERVICE_NAME, s.auth_exempt_health)] if tokens else []
-        # so_reuseport off: a second server on a taken port must fail, not silently share it.
+        # so_reuseport off: a second server on a taken port must fail, not silently share it. gRPC core keeps calls
+        # the event loop has not taken yet; past its soft limit (default 1,000) it drops some at random and past
+        # its hard limit (3,000) all, CANCELLED and unseen by the service: one limit for both, max_pending_calls.
         self.server = grpc.aio.server(interceptors=interceptors, options=[
-            ("grpc.so_reuseport", 0), ("grpc.max_receive_message_length", s.max_receive_message_bytes)])
+            ("grpc.so_reuseport", 0), ("grpc.max_receive_message_length", s.max_receive_message_bytes),
+            ("grpc.server.max_pending_requests", s.max_pending_calls),
+            ("grpc.server.max_pending_requests_hard_limit", s.max_pending_calls)])
         self.service.add_to(self.server)
         # health and reflection are grpcio's servicers, registered with decoders that never raise (handlers.py)
         add_refusing(health_pb2_grpc.add_HealthServicer_to_server, self.health, self.server)

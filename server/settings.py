@@ -93,6 +93,10 @@ class Settings:
     max_inflight_bytes: int = _opt(32 * MiB, "request payload bytes held by all calls in flight, queued or running "
                                              "(a running row keeps its request too); a call beyond it gets "
                                              "RESOURCE_EXHAUSTED", type=int)
+    max_pending_calls: int = _opt(10_000, "calls gRPC may hold before the event loop takes them (a burst arrives "
+                                          "faster than it is taken); each then gets the service's answer, e.g. "
+                                          "RESOURCE_EXHAUSTED when the queue is full. Beyond it gRPC itself ends "
+                                          "calls CANCELLED, uncounted", type=int)
     max_batch_inputs: int = _opt(64, "most inputs in one GenerateBatch call", type=int)
     max_num_beams: int = _opt(8, "largest num_beams a request may ask; each beam is a row of the running batch, "
                                  "so the cap is also at most --max-batch-size", type=int)
@@ -116,7 +120,7 @@ class Settings:
                              ("max_kv_tokens", 1, None), ("encode_batch", 1, None), ("stream_interval", 1, None),
                              ("max_encoded_bytes", 0, None), ("max_input_tokens", 1, None), ("max_new_tokens", 1, None),
                              ("default_max_new_tokens", 1, None), ("max_stop_strings", 0, None),
-                             ("max_batch_inputs", 1, None), ("max_num_beams", 1, None), ("max_health_watches", 0, None), ("max_top_logprobs", 0, None),
+                             ("max_batch_inputs", 1, None), ("max_num_beams", 1, None), ("max_health_watches", 0, None), ("max_pending_calls", 1, None), ("max_top_logprobs", 0, None),
                              ("grace_seconds", 0, None),
                              ("max_stop_string_bytes", 1, None), ("max_stop_bytes", 1, None),
                              ("max_receive_message_bytes", 1024, None), ("max_inflight_bytes", 1024, None)):
