@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import signal
 import time
 
 import grpc
@@ -19,6 +18,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
 
 from seqserve.contract.integrity import check_graphs, open_bundle
+from seqserve.server import signals
 from seqserve.server.auth import TokenAuth
 from seqserve.server.device import RuntimeConfig
 from seqserve.server.engine import Engine
@@ -198,8 +198,11 @@ class App:
 async def _serve(settings: Settings) -> int:
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    for sig in signals.SIGNALS:
         loop.add_signal_handler(sig, stop.set)
+    if signals.received():  # during start-up, before these handlers (signals.hold): nothing to drain yet
+        log.info("stopped before serving: a signal arrived while starting")
+        return 0
     app = App(settings)
     await app.start()
     await stop.wait()
