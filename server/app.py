@@ -25,6 +25,7 @@ from seqserve.server.engine import Engine
 from seqserve.server.handlers import add_refusing
 from seqserve.server.health import Health
 from seqserve.server.metrics import Metrics
+from seqserve.server.metrics_http import MetricsEndpoint
 from seqserve.server.request import Request, SamplingParams
 from seqserve.server.runner import Runner
 from seqserve.server.scheduler import Scheduler, SchedulerConfig
@@ -57,7 +58,7 @@ class App:
         """Listens at once (health NOT_SERVING), then loads and warms up in a thread, then SERVING."""
         await self._listen()
         try:
-            self._serve_metrics()
+            await self._serve_metrics()
             runner, tokenizer, limits, engine = await asyncio.to_thread(self._load)
             self.runner, self.engine = runner, engine
             self.service.open(engine, tokenizer, limits, self._model_info(runner))
@@ -103,16 +104,18 @@ class App:
             log.warning("bearer tokens travel in plaintext: %s is reachable from other machines without TLS "
                         "(--tls-cert-file)", address)
 
-    def _serve_metrics(self) -> None:
+    async def _serve_metrics(self) -> None:
         if self.settings.metrics_port < 0:
             return
+        self._http = MetricsEndpoint(self.metrics.registry)
         try:
-            self._http, _ = self.metrics.serve_http(self.settings.metrics_port, addr=self.settings.metrics_bind)
+            await self._http.start(self.settings.metrics_bind, self.settings.metrics_port)
         except OSError as exc:
+            self._http = None
             raise SettingsError(f"cannot serve metrics on {self.settings.metrics_bind}:{self.settings.metrics_port} "
                                 f"(--metrics-bind / {env_name('metrics_bind')}, --metrics-port / "
                                 f"{env_name('metrics_port')}): {exc}") from exc
-        self.metrics_port = self._http.server_port
+        self.metrics_port = self._http.port
 
     def _load(self):
         """Runs in a worker thread: onnxruntime sessions, tokenizer, engine, one warm-up generation."""
@@ -190,8 +193,7 @@ class App:
         if self.engine is not None:
             await asyncio.to_thread(self.engine.stop)
         if self._http is not None:
-            self._http.shutdown()
-            self._http.server_close()
+            await self._http.close()
             self._http = None
 
 

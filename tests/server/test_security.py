@@ -3,8 +3,10 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
+import threading
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -187,7 +189,7 @@ def test_reflection_off_and_metrics_only_at_their_path(make_server):
         with pytest.raises(urllib.error.HTTPError) as err:
             urllib.request.urlopen(base + path, timeout=10)
         assert err.value.code == 404, path
-    assert s.app._http.server_address[0] == "127.0.0.1"
+    assert s.app._http.address[0] == "127.0.0.1"
 
 
 def test_health_watch_streams_are_bounded(make_server):
@@ -209,6 +211,40 @@ def test_health_watch_streams_are_bounded(make_server):
     assert next(again).status == health_pb2.HealthCheckResponse.SERVING
     for w in (*watches, again):
         w.cancel()
+
+
+def test_metrics_endpoint_holds_no_thread_per_connection_and_answers_only_its_path(make_server, capfd, caplog):
+    """Issue 16, item 7: 1,000 half-sent requests held 1,000 threads and 26 MiB with no timeout, and logged 972
+    tracebacks when they closed; `//metrics` answered too."""
+    s = make_server(metrics_bind="127.0.0.1")
+    base, port = f"http://127.0.0.1:{s.app.metrics_port}", s.app.metrics_port
+    threads = threading.active_count()
+    half_sent = []
+    for _ in range(1000):
+        sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+        sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x")  # never finished
+        half_sent.append(sock)
+    # accepted in order: once this scrape is answered, every half-sent connection before it was accepted
+    assert "seqserve_requests_total" in urllib.request.urlopen(base + "/metrics", timeout=10).read().decode()
+    assert threading.active_count() <= threads + 1, threading.active_count() - threads
+    assert len(s.app._http.connections) <= 64  # the oldest ones were closed to make room
+    for sock in half_sent:
+        sock.close()
+    wait_for(lambda: not s.app._http.connections, what="the half-sent connections to close")
+    for path in ("//metrics", "/metrics/", "/./metrics", "/Metrics", "/metrics#x"):
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(base + path if "#" not in path else base + "/metrics%23x", timeout=10)
+        assert err.value.code == 404, path
+    raw = socket.create_connection(("127.0.0.1", port), timeout=10)
+    raw.sendall(b"\x16\x03\x01junk\r\n\r\n")  # not HTTP (a TLS hello, say)
+    assert raw.recv(100).startswith(b"HTTP/1.1 400")
+    raw.close()
+    request = urllib.request.Request(base + "/metrics", method="POST", data=b"x")
+    with pytest.raises(urllib.error.HTTPError) as err:
+        urllib.request.urlopen(request, timeout=10)
+    assert err.value.code == 405
+    assert "Traceback" not in capfd.readouterr().err
+    assert not [r for r in caplog.records if r.levelno >= 30 or r.exc_info]
 
 
 def test_a_message_over_the_receive_limit_is_resource_exhausted(make_server):
