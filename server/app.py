@@ -2,9 +2,9 @@
 
 Lifecycle: bind with health NOT_SERVING -> load the bundle and warm up (off the event loop) -> SERVING.
 SIGTERM/SIGINT: NOT_SERVING -> new calls UNAVAILABLE -> in-flight calls finish within the grace period -> calls
-still in flight get UNAVAILABLE, and so do calls gRPC accepted but had not handed over yet, until their arrival
-pauses or drain_backlog_seconds pass (clients retry UNAVAILABLE, not CANCELLED) -> server.stop (gRPC core ends a call
-that reaches it in that instant CANCELLED) -> engine.stop -> exit 0.
+still in flight get UNAVAILABLE -> new calls are held until their arrival pauses for QUIET_SECONDS (at most
+drain_backlog_seconds) -> server.stop begins and the held calls get UNAVAILABLE (clients retry UNAVAILABLE, not the
+CANCELLED gRPC core gives a call it holds when it stops) -> engine.stop -> exit 0.
 Security (docs/security.md): TLS / mutual TLS, bearer tokens, the bind addresses, reflection on or off.
 """
 from __future__ import annotations
@@ -171,11 +171,11 @@ class App:
             log.warning("grace period of %.1fs over: %d calls still in flight get UNAVAILABLE", grace, aborted)
             if not await inflight.wait_idle(ABORT_SECONDS):
                 log.error("calls still in flight %.1fs after their abort: server.stop cancels them", ABORT_SECONDS)
-        await self._refuse_backlog()
+        await self._hold_arrivals()
         await self.close(grace=FLUSH_SECONDS)
         return finished
 
-    async def _refuse_backlog(self) -> None:
+    async def _hold_arrivals(self) -> None:
         """The calls that reach the server after the ones in flight ended: gRPC may hold calls it accepted but has
         not handed to the service yet (a busy event loop takes them one at a time), and clients keep sending new
         ones (retries, a balancer that cannot see the drain). A call in gRPC core when server.stop begins ends

@@ -99,7 +99,7 @@ class GenerationService(pb_grpc.GenerationServicer):
         self.draining = True
 
     def hold_new_calls(self) -> None:
-        """New calls wait, unanswered, until release_held (App._refuse_backlog says why)."""
+        """New calls wait, unanswered, until release_held (App._hold_arrivals says why)."""
         self.held = asyncio.Event()
 
     def release_held(self) -> None:

@@ -2,7 +2,7 @@
 CANCELLED (clients do not), and none hangs. Issue 11 saw CANCELLED in 4 runs of 9 (18-202 calls of 400).
 
 The race: with the engine busy, gRPC accepts calls faster than the event loop hands them to the service, and
-server.stop ended that backlog CANCELLED. This test reproduces it (without the fix, App._refuse_backlog and
+server.stop ended that backlog CANCELLED. This test reproduces it (without the fix, App._hold_arrivals and
 InFlight.abort made no-ops, the first run ends 330 of 440 calls CANCELLED).
 
 The drain is App.drain(), exactly what SIGTERM/SIGINT run in `seqserve serve` (app._serve; test_lifecycle.py sends
