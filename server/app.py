@@ -2,28 +2,31 @@
 
 Lifecycle: bind with health NOT_SERVING -> load the bundle and warm up (off the event loop) -> SERVING.
 SIGTERM/SIGINT: NOT_SERVING -> new calls UNAVAILABLE -> in-flight calls finish within the grace period -> calls
-still in flight get UNAVAILABLE, and so do calls gRPC accepted but had not handed over yet (never CANCELLED: clients
-retry UNAVAILABLE, not CANCELLED) -> server.stop -> engine.stop -> exit 0.
+still in flight get UNAVAILABLE -> new calls are held until their arrival pauses for QUIET_SECONDS (at most
+drain_backlog_seconds) -> server.stop begins and the held calls get UNAVAILABLE (clients retry UNAVAILABLE, not the
+CANCELLED gRPC core gives a call it holds when it stops) -> engine.stop -> exit 0.
 Security (docs/security.md): TLS / mutual TLS, bearer tokens, the bind addresses, reflection on or off.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
-import signal
 import time
 
 import grpc
 import onnxruntime as ort
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from grpc_health.v1._async import HealthServicer
-from grpc_reflection.v1alpha import reflection
+from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
 
 from seqserve.contract.integrity import check_graphs, open_bundle
+from seqserve.server import signals
 from seqserve.server.auth import TokenAuth
 from seqserve.server.device import RuntimeConfig
 from seqserve.server.engine import Engine
+from seqserve.server.handlers import add_refusing
+from seqserve.server.health import Health
 from seqserve.server.metrics import Metrics
+from seqserve.server.metrics_http import MetricsEndpoint
 from seqserve.server.request import Request, SamplingParams
 from seqserve.server.runner import Runner
 from seqserve.server.scheduler import Scheduler, SchedulerConfig
@@ -34,7 +37,6 @@ from seqserve.server.tls import server_credentials
 log = logging.getLogger("seqserve")
 WARMUP_TEXT = "warm up"
 ABORT_SECONDS = 5.0  # after the grace period: how long calls get to send their UNAVAILABLE before server.stop
-BACKLOG_SECONDS = 5.0  # at most this long answering calls gRPC accepted but had not yet handed to the service
 QUIET_SECONDS = 0.1  # no new call for this long: gRPC's backlog of accepted calls is empty
 FLUSH_SECONDS = 1.0  # server.stop's own grace: lets the last statuses and responses reach their clients
 LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")
@@ -45,7 +47,7 @@ class App:
         self.settings = settings
         self.metrics = metrics or Metrics()
         self.service = GenerationService(self.metrics)
-        self.health = HealthServicer()
+        self.health = Health(settings.max_health_watches, self.metrics)
         self.server: grpc.aio.Server | None = None
         self.runner: Runner | None = None
         self.engine: Engine | None = None
@@ -56,7 +58,7 @@ class App:
         """Listens at once (health NOT_SERVING), then loads and warms up in a thread, then SERVING."""
         await self._listen()
         try:
-            self._serve_metrics()
+            await self._serve_metrics()
             runner, tokenizer, limits, engine = await asyncio.to_thread(self._load)
             self.runner, self.engine = runner, engine
             self.service.open(engine, tokenizer, limits, self._model_info(runner))
@@ -72,15 +74,20 @@ class App:
         s = self.settings
         tokens = s.tokens()
         interceptors = [TokenAuth(tokens, self.metrics, SERVICE_NAME, s.auth_exempt_health)] if tokens else []
-        # so_reuseport off: a second server on a taken port must fail, not silently share it.
+        # so_reuseport off: a second server on a taken port must fail, not silently share it. gRPC core keeps calls
+        # the event loop has not taken yet; past its soft limit (default 1,000) it drops some at random and past
+        # its hard limit (3,000) all, CANCELLED and unseen by the service: one limit for both, max_pending_calls.
         self.server = grpc.aio.server(interceptors=interceptors, options=[
-            ("grpc.so_reuseport", 0), ("grpc.max_receive_message_length", s.max_receive_message_bytes)])
+            ("grpc.so_reuseport", 0), ("grpc.max_receive_message_length", s.max_receive_message_bytes),
+            ("grpc.server.max_pending_requests", s.max_pending_calls),
+            ("grpc.server.max_pending_requests_hard_limit", s.max_pending_calls)])
         self.service.add_to(self.server)
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        # health and reflection are grpcio's servicers, registered with decoders that never raise (handlers.py)
+        add_refusing(health_pb2_grpc.add_HealthServicer_to_server, self.health, self.server)
         if s.reflection:
-            reflection.enable_server_reflection(
-                (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
-                self.server)
+            names = (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME)
+            add_refusing(reflection_pb2_grpc.add_ServerReflectionServicer_to_server,
+                         reflection.aio.ReflectionServicer(names), self.server)
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         address = f"{s.bind}:{s.port}"
         try:
@@ -97,16 +104,18 @@ class App:
             log.warning("bearer tokens travel in plaintext: %s is reachable from other machines without TLS "
                         "(--tls-cert-file)", address)
 
-    def _serve_metrics(self) -> None:
+    async def _serve_metrics(self) -> None:
         if self.settings.metrics_port < 0:
             return
+        self._http = MetricsEndpoint(self.metrics.registry)
         try:
-            self._http, _ = self.metrics.serve_http(self.settings.metrics_port, addr=self.settings.metrics_bind)
+            await self._http.start(self.settings.metrics_bind, self.settings.metrics_port)
         except OSError as exc:
+            self._http = None
             raise SettingsError(f"cannot serve metrics on {self.settings.metrics_bind}:{self.settings.metrics_port} "
                                 f"(--metrics-bind / {env_name('metrics_bind')}, --metrics-port / "
                                 f"{env_name('metrics_port')}): {exc}") from exc
-        self.metrics_port = self._http.server_port
+        self.metrics_port = self._http.port
 
     def _load(self):
         """Runs in a worker thread: onnxruntime sessions, tokenizer, engine, one warm-up generation."""
@@ -161,38 +170,46 @@ class App:
             log.warning("grace period of %.1fs over: %d calls still in flight get UNAVAILABLE", grace, aborted)
             if not await inflight.wait_idle(ABORT_SECONDS):
                 log.error("calls still in flight %.1fs after their abort: server.stop cancels them", ABORT_SECONDS)
-        await self._refuse_backlog()
+        await self._hold_arrivals()
         await self.close(grace=FLUSH_SECONDS)
         return finished
 
-    async def _refuse_backlog(self) -> None:
-        """gRPC may hold calls it accepted but has not handed to the service yet (a busy event loop takes them one
-        at a time), and server.stop would end those CANCELLED. So the server keeps answering, each such call gets
-        UNAVAILABLE at once, until none arrived for QUIET_SECONDS (at most BACKLOG_SECONDS)."""
-        inflight, end = self.service.inflight, time.monotonic() + BACKLOG_SECONDS
+    async def _hold_arrivals(self) -> None:
+        """The calls that reach the server after the ones in flight ended: gRPC may hold calls it accepted but has
+        not handed to the service yet (a busy event loop takes them one at a time), and clients keep sending new
+        ones (retries, a balancer that cannot see the drain). A call in gRPC core when server.stop begins ends
+        CANCELLED, and one answered UNAVAILABLE at once comes right back. So new calls are held, unanswered, until
+        none arrived for QUIET_SECONDS (at most drain_backlog_seconds): a client waiting for its held call sends no
+        other. close() then begins server.stop and answers the held calls UNAVAILABLE."""
+        service, end = self.service, time.monotonic() + self.settings.drain_backlog_seconds
+        service.hold_new_calls()
         while time.monotonic() < end:
-            await inflight.wait_idle(max(0.0, end - time.monotonic()))
-            quiet_since = time.monotonic()  # a loop busy with aborts hands over no call: only count from idle
-            await asyncio.sleep(QUIET_SECONDS)
-            if inflight.last_arrival < quiet_since and not inflight:  # nothing came, nothing is left
+            quiet_since = time.monotonic()
+            await asyncio.sleep(min(QUIET_SECONDS, max(0.0, end - time.monotonic())))
+            if service.inflight.last_arrival < quiet_since:  # nothing came: gRPC holds no call, nor do clients send
                 return
 
     async def close(self, grace: float = 0) -> None:
         if self.server is not None:
-            await self.server.stop(grace)
+            stopping = asyncio.ensure_future(self.server.stop(grace))
+            await asyncio.sleep(0)  # gRPC core stops taking calls first, then the held ones get their UNAVAILABLE
+            self.service.release_held()
+            await stopping
         if self.engine is not None:
             await asyncio.to_thread(self.engine.stop)
         if self._http is not None:
-            self._http.shutdown()
-            self._http.server_close()
+            await self._http.close()
             self._http = None
 
 
 async def _serve(settings: Settings) -> int:
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    for sig in signals.SIGNALS:
         loop.add_signal_handler(sig, stop.set)
+    if signals.received():  # during start-up, before these handlers (signals.hold): nothing to drain yet
+        log.info("stopped before serving: a signal arrived while starting")
+        return 0
     app = App(settings)
     await app.start()
     await stop.wait()
