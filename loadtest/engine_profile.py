@@ -94,10 +94,26 @@ def profile(bundle: str, n: int, batch_size: int, max_new: int, threads: int, kv
     done = run()
     profiler.disable()
     wall = time.perf_counter() - start
-    parts = split(pstats.Stats(profiler))
+    stats = pstats.Stats(profiler)
+    parts = split(stats)
     total = sum(parts.values())
     return {"wall_s": wall, "tokens": sum(len(r.output_ids) for r in done), "kv_cache": runner.kv_cache,
-            "parts": {k: v / total for k, v in sorted(parts.items(), key=lambda kv: -kv[1])}}
+            "parts": {k: v / total for k, v in sorted(parts.items(), key=lambda kv: -kv[1])},
+            "per_step_ms": per_call_ms(stats)}
+
+
+PER_STEP = (("engine step", "engine.py", "step"), ("decoder call", "runner.py", "step"),
+            ("beam advance", "beam.py", "advance"), ("beam reorder", "runner.py", "reorder"))
+
+
+def per_call_ms(stats: pstats.Stats) -> dict[str, float]:
+    """Milliseconds per call (cumulative, under cProfile) of the engine step and the calls inside it that matter."""
+    out = {}
+    for label, file, name in PER_STEP:
+        for (f, _, n), (_, calls, _, cum, _) in stats.stats.items():
+            if f.endswith(file) and n == name and calls:
+                out[label] = 1e3 * cum / calls
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -117,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{result['tokens']} tokens in {result['wall_s']:.2f} s under cProfile ({result['kv_cache']} KV cache)")
     for part, share in result["parts"].items():
         print(f"{share:7.1%}  {part}")
+    print("per call, ms: " + ", ".join(f"{k} {v:.3f}" for k, v in result["per_step_ms"].items()))
     return 0
 
 

@@ -13,10 +13,11 @@ Ties go to the lower (beam rank, token) index, sums are float64.
 
 One step for all beam requests at once: one log-softmax normaliser and one argpartition over the stacked (rows, V)
 live beams (a beam's own 2 x num_beams best tokens hold every candidate its request can keep), then one stable
-lexsort of every candidate by request and cumulative log-probability. A new beam stays in its parent's row when it is the parent's
-first child; only a parent's further children are copied into rows whose beam had none, so the in-place KV cache
-copies a few rows' written columns per step instead of every row's buffers. Python loops run only per finished
-hypothesis, per ended request and per row that asks for top_logprobs alternatives.
+lexsort of every candidate by request and cumulative log-probability. A new beam stays in its parent's row when it
+is the parent's first child; only a parent's further children are copied into rows whose beam had none, so the
+in-place KV cache copies a few rows' written columns per step instead of every row's buffers. Python loops run
+only per admitted request, per finished hypothesis, per ended request, per row that asks for top_logprobs
+alternatives and per row whose k-th and (k + 1)-th best tokens tie exactly.
 """
 from __future__ import annotations
 

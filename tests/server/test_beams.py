@@ -101,5 +101,6 @@ def test_every_request_in_a_changing_batch_gets_the_references_n_best(tiny_bundl
         assert [[t.logprob for t in s.logprobs] for s in got.sequences] == [h.token_logprobs for h in want]
         assert [[list(t.top) for t in s.logprobs] for s in got.sequences] == [h.top_logprobs for h in want]
         assert got.finish_reason == got.sequences[0].finish_reason and got.generated == len(want[0].token_ids)
+    assert cancelled.id not in results  # it left before it could end
     runner.retire(ended)
     assert runner.slots.n_live == 0 and not beams.owns().any()
