@@ -94,3 +94,44 @@ def bart(directory: Path, seed: int = 0) -> Path:
     model.save_pretrained(directory)
     tok.save(str(directory / "tokenizer.json"))
     return directory
+
+
+def mbart(directory: Path, seed: int = 0) -> Path:
+    """mBART's architecture: pre-LN with a final LayerNorm on each stack, scaled embeddings, learned positions."""
+    from transformers import GenerationConfig, MBartConfig, MBartForConditionalGeneration
+
+    bart(directory, seed)  # its tokenizer (and a BART model, replaced below)
+    vocab = Tokenizer.from_file(str(directory / "tokenizer.json")).get_vocab_size()
+    cfg = MBartConfig(vocab_size=vocab, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+                      decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=64,
+                      activation_function="gelu", scale_embedding=True, pad_token_id=1, bos_token_id=0,
+                      eos_token_id=2, decoder_start_token_id=2, forced_eos_token_id=2)
+    torch.manual_seed(seed)
+    model = MBartForConditionalGeneration(cfg).eval()
+    _randomise(model, seed)
+    model.generation_config = GenerationConfig(decoder_start_token_id=2, eos_token_id=2, forced_bos_token_id=0,
+                                               forced_eos_token_id=2, max_length=64, pad_token_id=1)
+    for f in directory.glob("*.safetensors"):
+        f.unlink()
+    model.save_pretrained(directory)
+    return directory
+
+
+def marian_untied(directory: Path, seed: int = 0) -> Path:
+    """Marian with separate source, target and output embeddings (share_encoder_decoder_embeddings=False)."""
+    from transformers import MarianConfig, MarianMTModel
+
+    marian(directory, seed)
+    config = MarianConfig.from_pretrained(directory)
+    config.share_encoder_decoder_embeddings = False
+    config.tie_word_embeddings = False
+    model = MarianMTModel(config).eval()
+    _randomise(model, seed + 1)
+    with torch.no_grad():
+        model.model.encoder.embed_tokens.weight[config.pad_token_id] = 0
+        model.model.decoder.embed_tokens.weight[config.pad_token_id] = 0
+    model.generation_config = MarianMTModel.from_pretrained(directory).generation_config
+    for f in directory.glob("*.safetensors"):
+        f.unlink()
+    model.save_pretrained(directory)
+    return directory

@@ -80,3 +80,26 @@ def test_refusals_name_the_file_and_the_field(copy, tmp_path, capsys, edit, mess
     err = _refused(copy, tmp_path, capsys)
     assert message in err and str(copy) in err
     assert "Traceback" not in err and not (tmp_path / "out" / "metrics.json").exists()
+
+
+@pytest.mark.parametrize("build", [fixtures.mbart, fixtures.marian_untied], ids=["mbart", "marian-untied"])
+def test_other_architectures_import_with_transformers_logits(build, tmp_path, capsys):
+    """mBART (pre-LN + final norms + embedding LayerNorm, scaled) and a Marian whose source, target and output
+    embeddings are three matrices: `seqserve import` compares the logits with transformers' (exit 0 within 1e-4),
+    and the exported graphs equal PyTorch (`seqserve verify --checkpoint`: decoder.onnx, decoder_inplace.onnx)."""
+    from safetensors import safe_open
+
+    hf = build(tmp_path / "hf")
+    assert main(["import", str(hf), "--out", str(tmp_path / "ck"), "--quiet"]) == 0
+    assert "1 passed, 0 failed" in capsys.readouterr().out
+    cfg = ModelConfig.load(tmp_path / "ck" / "config.json")
+    with safe_open(str(tmp_path / "ck" / "model.safetensors"), "pt") as f:
+        stored = set(f.keys())
+    if build is fixtures.mbart:
+        assert cfg.norm_first and cfg.embed_norm and cfg.scale_embeddings and cfg.positions == "learned"
+    else:
+        assert not cfg.tie_embeddings and not cfg.tie_output
+        assert {"src_embed.weight", "tgt_embed.weight", "out_proj.weight"} <= stored
+    assert main(["export", str(tmp_path / "ck"), "--out", str(tmp_path / "bundle"), "--quiet"]) == 0
+    assert main(["verify", str(tmp_path / "bundle"), "--checkpoint", str(tmp_path / "ck"), "--quiet",
+                 "--threads", "1"]) == 0

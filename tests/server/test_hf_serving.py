@@ -71,13 +71,24 @@ def _served(server, texts: list[str], **options) -> list[pb.GenerateResponse]:
 def test_greedy_token_ids_and_text_equal_transformers(family, sentences):
     name, _, server, model, tok = family
     served = _served(server, sentences, num_beams=1, max_new_tokens=MAX_NEW)
-    ended_by_eos = 0
+    ended_by_eos = banned_was_best = 0
+    generation = model.generation_config
     for text, got in zip(sentences, served):
-        (want,) = _hf(model, tok.encode(text).ids, num_beams=1, max_new_tokens=MAX_NEW, do_sample=False)
+        ids = tok.encode(text).ids
+        (want,) = _hf(model, ids, num_beams=1, max_new_tokens=MAX_NEW, do_sample=False)
         assert list(got.token_ids) == want, text
         assert got.text == tok.decode(want, skip_special_tokens=True)
         ended_by_eos += got.finish_reason == pb.FINISH_REASON_EOS
+        if generation.bad_words_ids:  # the rule is exercised: the raw logits' best token was the banned one
+            with torch.no_grad():
+                logits = model(input_ids=torch.tensor([ids]),
+                               decoder_input_ids=torch.tensor([[generation.decoder_start_token_id] + want])).logits
+            banned_was_best += int((logits[0].argmax(-1) == generation.bad_words_ids[0][0]).sum())
     assert ended_by_eos == len(sentences)  # every row ends with the end token: forced at max_new_tokens if not before
+    if name == "marian":  # bad_words_ids=[[<pad>]] (opus-mt's): <pad> would have won at some steps
+        assert banned_was_best > 0
+    else:  # forced_bos_token_id (bart-large-cnn's): every output starts with <s>
+        assert all(r.token_ids[0] == generation.forced_bos_token_id for r in served)
 
 
 def test_beam_4_n_best_equals_transformers(family, sentences):
