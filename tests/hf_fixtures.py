@@ -28,7 +28,7 @@ ODD_STRINGS = (
     "", " ", "  ", "\t", "\n", "a", " leading space", "trailing space ", "  both  ", "two  spaces inside",
     "tab\tinside", "new\nline", "carriage\r\nreturn", "mixed \t \n whitespace", "non\u00a0breaking\u00a0space",
     "narrow\u202fno-break", "zero\u200bwidth", "em\u2003space", "ideographic\u3000space", "Straße und Fuß",
-    "Ärger über Öl", "café crème brûlée", "cafe\u0301 (combining acute)", "ﬁ ligature", "ｆｕｌｌｗｉｄｔｈ",
+    "Ärger über Öl", "café crème brûlée", "¿Dónde está el baño? ¡Mañana!", "Ça va, garçon ?", "cafe\u0301 (combining acute)", "ﬁ ligature", "ｆｕｌｌｗｉｄｔｈ",
     "日本語のテキスト", "中文句子。", "한국어 문장", "Привет, мир!", "Γειά σου κόσμε", "שלום עולם", "مرحبا بالعالم",
     "emoji 😀 here", "flags 🇫🇷🇩🇪", "family 👨‍👩‍👧", "math ∑ x² ≤ ∞", "quotes “curly” ‘single’ «guillemets»",
     "dash – and — and ‐", "ellipsis… and ...", "price: 12,50 € / $3.99 / £7", "C:\\path\\to\\file.txt",
