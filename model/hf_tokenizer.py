@@ -112,12 +112,13 @@ def marian_tokenizer(hf_dir: Path) -> Tokenizer:
 def _spm_proto(path: Path):
     if not path.is_file():
         raise TokenizerImportError(f"{path}: missing")
+    from google.protobuf.message import DecodeError
     from sentencepiece import sentencepiece_model_pb2
 
     proto = sentencepiece_model_pb2.ModelProto()
     try:
         proto.ParseFromString(path.read_bytes())
-    except Exception:  # protobuf's DecodeError: not a sentencepiece model
+    except DecodeError:
         raise TokenizerImportError(f"{path}: not a sentencepiece model") from None
     spec, norm = proto.trainer_spec, proto.normalizer_spec
     unsupported = {

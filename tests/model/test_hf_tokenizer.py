@@ -16,12 +16,12 @@ import pytest
 pytest.importorskip("transformers")
 pytest.importorskip("sentencepiece")
 
-from tokenizers import Tokenizer  # noqa: E402
+from tokenizers import Tokenizer
 
-from seqserve.contract.tokenizer import as_text_only  # noqa: E402
-from seqserve.model import hf_tokenizer  # noqa: E402
-from seqserve.model.hf_tokenizer import TokenizerImportError  # noqa: E402
-from seqserve.server.detokenizer import TextStream  # noqa: E402
+from seqserve.contract.tokenizer import as_text_only
+from seqserve.model import hf_tokenizer
+from seqserve.model.hf_tokenizer import TokenizerImportError
+from seqserve.server.detokenizer import TextStream
 
 N_RANDOM = 300  # random id sequences (a random-weight model's output looks like this), besides real target texts
 
