@@ -47,14 +47,15 @@ class HfSize:
     ffn: int = 64
     vocab: int = 600  # the tokenizer's target size (sentencepiece may stop a little short of it)
     max_positions: int = 128
+    # Weights larger than transformers' default init (0.02) so a random model's output depends on its input (with
+    # the default, every source of the tiny model decodes to the same repeated token).
+    init_std: float = 0.3
 
 
 TINY = HfSize()
-# Weights larger than transformers' default init (0.02) so a random model's output depends on its input (with the
-# default, every source decodes to the same repeated token); the bias is small beside the logits but not zero.
-INIT_STD = 0.3
-LOGITS_BIAS_STD = 0.05
-MARIAN_BASE = HfSize(d_model=512, layers=6, heads=8, ffn=2048, vocab=32_000, max_positions=512)  # opus-mt's size
+LOGITS_BIAS_STD = 0.05  # final_logits_bias: small beside the logits, but not zero
+# opus-mt's size; a smaller init than TINY's keeps activations moderate at d_model 512
+MARIAN_BASE = HfSize(d_model=512, layers=6, heads=8, ffn=2048, vocab=32_000, max_positions=512, init_std=0.08)
 
 
 def real_strings() -> list[str]:
@@ -156,7 +157,7 @@ def build_marian(directory: str | Path, size: HfSize = TINY, seed: int = SEED) -
         decoder_ffn_dim=size.ffn, max_position_embeddings=size.max_positions, activation_function="swish",
         scale_embedding=True, pad_token_id=pad, eos_token_id=eos, bos_token_id=eos, decoder_start_token_id=pad,
         forced_eos_token_id=eos, share_encoder_decoder_embeddings=True, tie_word_embeddings=True,
-        init_std=INIT_STD, dropout=0.1, attention_dropout=0.0, activation_dropout=0.0,
+        init_std=size.init_std, dropout=0.1, attention_dropout=0.0, activation_dropout=0.0,
     )
     torch.manual_seed(seed)
     model = MarianMTModel(config).eval()
@@ -214,7 +215,7 @@ def build_bart(directory: str | Path, size: HfSize = TINY, seed: int = SEED) -> 
         encoder_attention_heads=size.heads, decoder_attention_heads=size.heads, encoder_ffn_dim=size.ffn,
         decoder_ffn_dim=size.ffn, max_position_embeddings=size.max_positions, activation_function="gelu",
         scale_embedding=False, pad_token_id=pad, bos_token_id=bos, eos_token_id=eos, decoder_start_token_id=eos,
-        forced_bos_token_id=bos, forced_eos_token_id=eos, tie_word_embeddings=True, init_std=INIT_STD,
+        forced_bos_token_id=bos, forced_eos_token_id=eos, tie_word_embeddings=True, init_std=size.init_std,
     )
     torch.manual_seed(seed)
     model = BartForConditionalGeneration(config).eval()
@@ -234,3 +235,22 @@ BUILDERS = {MARIAN: build_marian, BART: build_bart}
 
 def build(family: str, directory: str | Path, size: HfSize = TINY, seed: int = SEED) -> Path:
     return BUILDERS[family](directory, size, seed)
+SIZES = {"tiny": TINY, "base": MARIAN_BASE}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python tests/hf_fixtures.py marian DIR --size base`: the benchmark's opus-mt-size random model."""
+    import argparse
+
+    p = argparse.ArgumentParser(description=main.__doc__)
+    p.add_argument("family", choices=FAMILIES)
+    p.add_argument("out", help="directory to write the save_pretrained files to")
+    p.add_argument("--size", choices=sorted(SIZES), default="tiny")
+    p.add_argument("--seed", type=int, default=SEED)
+    args = p.parse_args(argv)
+    print(build(args.family, args.out, SIZES[args.size], args.seed))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
