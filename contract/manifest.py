@@ -48,7 +48,7 @@ def file_entry(directory: Path, name: str) -> dict:
 @dataclass
 class Manifest:
     model: dict  # ModelConfig.to_dict()
-    special_tokens: dict  # pad_id, bos_id, eos_id, unk_id
+    special_tokens: dict  # pad_id, bos_id, eos_id, unk_id, decoder_start_id (anywhere in the vocabulary)
     tokenizer: dict  # file entry
     io: dict  # {"encoder": {"inputs": [...], "outputs": [...]}, "decoder": {...}, "decoder_inplace": {...}}
     # name -> {"encoder": entry, "decoder": entry, "decoder_inplace": entry (optional), "quality": {...}}; decoder
@@ -59,6 +59,7 @@ class Manifest:
     max_new_tokens: int  # the longest generation the model was validated for
     heldout: dict | None = None  # file entry of HELDOUT
     training: dict = field(default_factory=dict)
+    generation: dict = field(default_factory=dict)  # the model's decoding defaults (schema.GENERATION), e.g. num_beams
     versions: dict = field(default_factory=dict)
     format: str = FORMAT
     format_version: int = FORMAT_VERSION
@@ -66,6 +67,10 @@ class Manifest:
     @property
     def n_layers(self) -> int:
         return int(self.model["n_decoder_layers"])
+
+    @property
+    def decoder_start_id(self) -> int:
+        return int(self.special_tokens.get(schema.DECODER_START, self.special_tokens["bos_id"]))
 
     def to_json(self) -> str:
         return json.dumps(self.__dict__, indent=2, sort_keys=False) + "\n"

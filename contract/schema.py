@@ -127,9 +127,17 @@ SHA256 = Str(r"[0-9a-f]{64}", "64 lowercase hex digits (a sha256)")
 # A listed file; further keys describe the graph it holds (e.g. its KV-cache kind), so they are allowed.
 FILE_ENTRY = Obj({"file": RelPath(), "sha256": SHA256, "bytes": Int(min=0)}, extra=Anything())
 SPECIAL_IDS = ("pad_id", "bos_id", "eos_id", "unk_id")
+DECODER_START = "decoder_start_id"  # the decoder's first input; absent (bundles before it existed) = bos_id
 MODEL = Obj({"vocab_size": POSITIVE, "d_model": POSITIVE, "n_heads": POSITIVE, "n_encoder_layers": POSITIVE,
              "n_decoder_layers": POSITIVE, "d_ff": POSITIVE, "max_positions": POSITIVE},
-            optional={name: ID for name in SPECIAL_IDS}, extra=Anything())  # other ModelConfig fields pass through
+            optional={name: ID for name in SPECIAL_IDS + (DECODER_START,)},
+            extra=Anything())  # other ModelConfig fields pass through
+TOKEN_IDS = List(List(ID))
+# The model's own decoding defaults (Hugging Face's generation_config.json names), served as request defaults.
+GENERATION = Obj(optional={"num_beams": POSITIVE, "max_length": POSITIVE, "min_length": ID,
+                           "length_penalty": Anything(), "early_stopping": Anything(), "bad_words_ids": TOKEN_IDS,
+                           "forced_bos_token_id": Nullable(ID), "forced_eos_token_id": Nullable(ID),
+                           "decoder_start_token_id": Nullable(ID), "renormalize_logits": Anything()})
 # Every graph of a variant is a file entry: encoder and decoder always, optional graphs (decoder_inplace) beside them.
 VARIANT = Obj({"encoder": FILE_ENTRY, "decoder": FILE_ENTRY}, optional={"quality": Obj(extra=Anything())},
               extra=FILE_ENTRY)
@@ -139,10 +147,11 @@ IO = Map(Obj({"inputs": List(Str()), "outputs": List(Str())}))
 def manifest_schema(variants: tuple[str, ...]) -> Obj:
     """The top level (fields the Manifest dataclass has beyond these are checked by the caller)."""
     return Obj({"format": Str(), "format_version": Int(), "model": MODEL,
-                "special_tokens": Obj({name: ID for name in SPECIAL_IDS}), "tokenizer": FILE_ENTRY, "io": IO,
+                "special_tokens": Obj({name: ID for name in SPECIAL_IDS}, optional={DECODER_START: ID}),
+                "tokenizer": FILE_ENTRY, "io": IO,
                 "variants": Map(VARIANT, keys=variants, needs=("fp32",)), "opset": POSITIVE, "ir_version": POSITIVE,
                 "max_new_tokens": POSITIVE},
-               optional={"heldout": Nullable(FILE_ENTRY), "training": Obj(extra=Anything()),
+               optional={"heldout": Nullable(FILE_ENTRY), "training": Obj(extra=Anything()), "generation": GENERATION,
                          "versions": Obj(extra=Anything())}, extra=Anything())
 
 
@@ -155,12 +164,16 @@ def cross_field_problems(data: dict) -> list[str]:
     if data["max_new_tokens"] > model["max_positions"]:
         problems.append(f"max_new_tokens={data['max_new_tokens']} exceeds model.max_positions={model['max_positions']} "
                         "(the decoder's positions)")
-    for name in SPECIAL_IDS:
+    for name in [n for n in SPECIAL_IDS + (DECODER_START,) if n in special]:
         if special[name] >= model["vocab_size"]:
             problems.append(f"special_tokens.{name}={special[name]} is outside the vocabulary "
                             f"(model.vocab_size={model['vocab_size']})")
         if name in model and model[name] != special[name]:
             problems.append(f"model.{name}={model[name]} differs from special_tokens.{name}={special[name]}")
-    if len(set(special.values())) != len(special):
-        problems.append(f"special_tokens must be four different ids, got {special}")
+    # Ids may sit anywhere and the start token may be another special token (Marian starts from <pad>, BART from
+    # </s>); a model without its own <s> (Marian) names its start token as bos_id. pad, eos, unk must differ.
+    distinct = [special[n] for n in ("pad_id", "eos_id", "unk_id")]
+    if len(set(distinct)) != 3 or special["bos_id"] in (special["eos_id"], special["unk_id"]):
+        problems.append(f"special_tokens pad_id, eos_id and unk_id must be three different ids and bos_id differ "
+                        f"from eos_id and unk_id, got {special}")
     return problems

@@ -24,6 +24,7 @@ from seqserve.server.auth import TokenAuth
 from seqserve.server.device import RuntimeConfig
 from seqserve.server.engine import Engine
 from seqserve.server.metrics import Metrics
+from seqserve.server.model_defaults import default_max_new_tokens, info_entries
 from seqserve.server.request import Request, SamplingParams
 from seqserve.server.runner import Runner
 from seqserve.server.scheduler import Scheduler, SchedulerConfig
@@ -114,7 +115,8 @@ class App:
         manifest, tokenizer = open_bundle(s.bundle)
         if s.variant in manifest.variants:  # probed on CPU too: an out-of-range gather may pass silently on a GPU
             check_graphs(s.bundle, manifest, s.variant)
-        limits = s.limits(int(manifest.model["max_positions"]), int(manifest.max_new_tokens))
+        limits = s.limits(int(manifest.model["max_positions"]), int(manifest.max_new_tokens),
+                          default_max_new_tokens(manifest.generation))
         runtime = RuntimeConfig(device=s.device, intra_op_threads=s.intra_op_threads,
                                 inter_op_threads=s.inter_op_threads, allow_spinning=s.allow_spinning,
                                 cuda_tf32=s.cuda_tf32)
@@ -140,7 +142,7 @@ class App:
     def _model_info(self, runner: Runner) -> dict:
         manifest = runner.manifest
         quality = manifest.variants[runner.variant].get("quality", {})
-        return dict(config={k: str(v) for k, v in manifest.model.items()},
+        return dict(config={k: str(v) for k, v in manifest.model.items()} | info_entries(manifest.generation),
                     bundle_format_version=manifest.format_version, variant=runner.variant,
                     execution_provider=runner.provider, onnxruntime_version=ort.__version__,
                     quality={k: float(v) for k, v in quality.items() if isinstance(v, (int, float))})

@@ -16,6 +16,7 @@ from tokenizers import Tokenizer
 
 from seqserve.server import finish
 from seqserve.server.beam import Beam, BeamSearch, top_alternatives
+from seqserve.server.constraints import Constraints
 from seqserve.server.detokenizer import TextStream
 from seqserve.server.metrics import Metrics
 from seqserve.server.request import FinishReason, Request, RequestStatus, Sequence, TokenLogprob
@@ -34,7 +35,8 @@ class Engine:
         self.metrics = metrics or Metrics()
         special = runner.manifest.special_tokens
         self.eos_id = special["eos_id"]
-        self.banned = np.array([special[k] for k in ("pad_id", "bos_id", "unk_id")], np.int64)  # never sampled
+        self.constraints = Constraints.from_generation(runner.manifest.generation)  # the model's token rules
+        self.banned = self.constraints.never_sampled(special)  # never sampled
         self._text: dict[Request, TextStream] = {}  # text of each running request that streams or has stop strings
         self._unsent: dict[Request, tuple[list[int], list[str]]] = {}  # a stream's ids and text not yet emitted
         self._sampled: set[Request] = set()  # running requests whose token is not a plain argmax
@@ -171,6 +173,8 @@ class Engine:
         single = slots.live[:hi] & ~slots.beam[:hi]  # (hi,) rows whose token is chosen here (beams: below)
         lps = {r: log_softmax(logits[slots.slot_of(r)]) for r in self._logprobs}  # the model's, before any mask
         beam_logprobs = self._beam_logprobs(logits)  # likewise: min_new_tokens is the search's own business
+        if self.constraints.active:
+            self.constraints.apply(logits, slots.length[:hi], slots.max_new[:hi])
         no_eos = single & (slots.length[:hi] < slots.min_new[:hi])  # (hi,)
         chosen = choose(logits, per_row, self.eos_id, self.banned, no_eos)  # (hi,)
         codes = np.where(single, finish.after_token(chosen, slots.length[:hi], slots.max_new[:hi], self.eos_id), 0)
@@ -199,8 +203,15 @@ class Engine:
 
     def _beam_logprobs(self, logits: np.ndarray) -> dict[Request, np.ndarray]:
         """Each beam request's live beams' log-probabilities (n_live, V), taken before the step masks anything."""
-        slots = self.runner.slots
-        return {r: log_softmax(logits[slots.slots_of(r)[: len(s.live)]]) for r, s in self._beams.items()}
+        slots, out = self.runner.slots, {}
+        for r, s in self._beams.items():
+            rows = slots.slots_of(r)[: len(s.live)]
+            out[r] = log_softmax(logits[rows])  # (n_live, V)
+            if self.constraints.active:  # HF applies its processors to the log-probabilities of beams
+                self.constraints.apply(out[r], slots.length[rows], slots.max_new[rows])
+                if self.constraints.renormalize:
+                    out[r] = log_softmax(out[r])
+        return out
 
     def _advance_beams(self, logprobs: dict[Request, np.ndarray], now: float) -> int:
         """Each beam request's search takes a step: its rows are reordered by parent and extended, or it ends.

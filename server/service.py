@@ -19,6 +19,7 @@ import grpc
 from seqserve.server.handlers import Undecodable, add_generation_service
 from seqserve.server.inflight import Call, InFlight
 from seqserve.server.metrics import Metrics
+from seqserve.server.model_defaults import request_defaults
 from seqserve.server.outbox import Outbox
 from seqserve.server.request import Event, FinishReason, Request, SamplingParams, Sequence
 from seqserve.server.scheduler import QueueFull
@@ -50,13 +51,16 @@ def _check(ok: bool, message: str) -> None:
         raise Rejected(Code.INVALID_ARGUMENT, message, "invalid_argument")
 
 
-def _beam_params(o: pb.DecodingOptions, limits: Limits, repetition_penalty: float) -> dict:
-    """The beam and log-probability options, validated (0 or unset num_beams / num_return_sequences = 1)."""
-    beams, most = o.num_beams or 1, limits.max_num_beams
+def _beam_params(o: pb.DecodingOptions, limits: Limits, repetition_penalty: float,
+                 defaults: SamplingParams = SamplingParams()) -> dict:
+    """The beam and log-probability options, validated (0 or unset: the model's default, else 1). A request that
+    samples, has stop strings or a repetition penalty gets no default beams (those need num_beams 1)."""
+    plain = o.temperature == 0 and not o.stop and repetition_penalty == 1
+    beams, most = o.num_beams or (defaults.num_beams if plain else 1), limits.max_num_beams
     _check(beams <= most, f"options.num_beams must be in [1, {most}] (max_num_beams), got {beams}")
     n = o.num_return_sequences or 1
     _check(n <= beams, f"options.num_return_sequences must be in [1, num_beams={beams}], got {n}")
-    penalty = o.length_penalty if o.HasField("length_penalty") else 1.0
+    penalty = o.length_penalty if o.HasField("length_penalty") else defaults.length_penalty
     _check(math.isfinite(penalty), f"options.length_penalty must be finite, got {penalty:g}")
     top, most = o.top_logprobs, limits.max_top_logprobs
     _check(top <= most, f"options.top_logprobs must be in [0, {most}] (max_top_logprobs), got {top}")
@@ -68,13 +72,15 @@ def _beam_params(o: pb.DecodingOptions, limits: Limits, repetition_penalty: floa
         _check(repetition_penalty == 1, f"options.repetition_penalty must be 1 with num_beams > 1, "
                                         f"got {repetition_penalty:g}")
     return dict(num_beams=beams, num_return_sequences=n, length_penalty=float(penalty),
-                early_stopping=o.early_stopping, return_logprobs=o.return_logprobs, top_logprobs=o.top_logprobs)
+                early_stopping=o.early_stopping or defaults.early_stopping, return_logprobs=o.return_logprobs,
+                top_logprobs=o.top_logprobs)
 
 
 class GenerationService(pb_grpc.GenerationServicer):
     def __init__(self, metrics: Metrics) -> None:
         self.metrics = metrics
         self.engine = self.tokenizer = self.limits = self.info = None
+        self.defaults = SamplingParams()
         self._max_chars = 0  # inputs longer than this cannot fit max_input_tokens: refused before tokenising
         self.outbox: Outbox | None = None  # the engine's events for this event loop
         self.draining = False
@@ -83,6 +89,8 @@ class GenerationService(pb_grpc.GenerationServicer):
     def open(self, engine, tokenizer, limits: Limits, model: dict) -> None:
         """Starts answering generation calls (the app calls it once the model is loaded and warmed up)."""
         self.tokenizer, self.limits = tokenizer, limits
+        self.defaults = request_defaults(engine.runner.manifest.generation, limits.default_max_new_tokens,
+                                         limits.max_num_beams)  # the model's decoding defaults
         self._max_chars = limits.max_input_tokens * max(map(len, tokenizer.get_vocab())) * _CHARS_PER_TOKEN_SLACK
         self.info = pb.ModelInfo(limits=pb.Limits(**dataclasses.asdict(limits)), **model)
         self.metrics.model.info({"provider": model["execution_provider"], "variant": model["variant"],
@@ -196,10 +204,11 @@ class GenerationService(pb_grpc.GenerationServicer):
     def _params(self, o: pb.DecodingOptions) -> dict:
         """Validated decoding options (INVALID_ARGUMENT names the field); the seed is chosen per input."""
         cap = self.limits.max_new_tokens
-        max_new = o.max_new_tokens if o.HasField("max_new_tokens") else self.limits.default_max_new_tokens
+        max_new = o.max_new_tokens if o.HasField("max_new_tokens") else self.defaults.max_new_tokens
+        min_new = o.min_new_tokens or min(self.defaults.min_new_tokens, max_new)
         _check(1 <= max_new <= cap, f"options.max_new_tokens must be in [1, {cap}], got {max_new}")
-        _check(o.min_new_tokens <= max_new,
-               f"options.min_new_tokens must be at most max_new_tokens ({max_new}), got {o.min_new_tokens}")
+        _check(min_new <= max_new,
+               f"options.min_new_tokens must be at most max_new_tokens ({max_new}), got {min_new}")
         _check(math.isfinite(o.temperature) and o.temperature >= 0,
                f"options.temperature must be finite and >= 0, got {o.temperature:g}")
         _check(o.top_k >= 0, f"options.top_k must be >= 0 (0 = disabled), got {o.top_k}")
@@ -218,9 +227,9 @@ class GenerationService(pb_grpc.GenerationServicer):
             total += size
         _check(total <= self.limits.max_stop_bytes, f"options.stop has {total} bytes in all, more than "
                                                     f"max_stop_bytes={self.limits.max_stop_bytes}")
-        return dict(max_new_tokens=max_new, min_new_tokens=o.min_new_tokens, temperature=float(o.temperature),
+        return dict(max_new_tokens=max_new, min_new_tokens=min_new, temperature=float(o.temperature),
                     top_k=o.top_k, top_p=float(top_p), repetition_penalty=float(penalty), stop=tuple(o.stop),
-                    seed=o.seed if o.HasField("seed") else None, **_beam_params(o, self.limits, penalty))
+                    seed=o.seed if o.HasField("seed") else None, **_beam_params(o, self.limits, penalty, self.defaults))
 
     def _new_request(self, call: Call, text: str, field: str, params: dict, stream: bool) -> Request:
         _check(text.strip() != "", f"{field} must not be empty or whitespace")

@@ -1,0 +1,82 @@
+"""`seqserve import` refuses what it cannot serve, with exit 2 and a message naming the file and the field."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import hf_throwaway as fixtures
+import pytest
+
+from seqserve.cli.main import main
+from seqserve.model.config import ModelConfig
+
+pytest.importorskip("transformers")
+
+
+@pytest.fixture(scope="module")
+def marian_dir(tmp_path_factory):
+    return fixtures.marian(tmp_path_factory.mktemp("marian") / "hf")
+
+
+@pytest.fixture
+def copy(marian_dir, tmp_path):
+    hf = tmp_path / "hf"
+    shutil.copytree(marian_dir, hf)
+    return hf
+
+
+def _edit(path, **changes):
+    data = json.loads(path.read_text())
+    for key, value in changes.items():
+        if value is KeyError:
+            data.pop(key, None)
+        else:
+            data[key] = value
+    path.write_text(json.dumps(data))
+
+
+def _refused(hf, tmp_path, capsys) -> str:
+    assert main(["import", str(hf), "--out", str(tmp_path / "out"), "--quiet", "--no-verify"]) == 2
+    return capsys.readouterr().err
+
+
+def test_an_imported_marian_checkpoint_has_the_familys_options(copy, tmp_path):
+    assert main(["import", str(copy), "--out", str(tmp_path / "out"), "--quiet", "--no-verify"]) == 0
+    cfg = ModelConfig.load(tmp_path / "out" / "config.json")
+    hf = json.loads((copy / "config.json").read_text())
+    assert (cfg.positions, cfg.activation, cfg.scale_embeddings, cfg.final_logits_bias) == (
+        "sinusoidal_halves", "silu", True, True)
+    assert (cfg.pad_id, cfg.eos_id, cfg.decoder_start_id, cfg.unk_id) == (hf["pad_token_id"], 0, hf["pad_token_id"], 1)
+    generation = json.loads((tmp_path / "out" / "generation.json").read_text())
+    assert generation["bad_words_ids"] == [[hf["pad_token_id"]]] and generation["num_beams"] == 4
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda hf: _edit(hf / "config.json", model_type="t5"),
+     "config.json: model_type 't5' is not supported; supported: marian, bart, mbart"),
+    (lambda hf: (hf / "config.json").unlink(), "config.json: missing"),
+    (lambda hf: (hf / "model.safetensors").unlink(), "model.safetensors: missing"),
+    (lambda hf: (hf / "model.safetensors").rename(hf / "pytorch_model.bin"),
+     "pytorch_model.bin: pickle weights are never loaded (a pickle can run code); convert it once with transformers: "
+     "AutoModelForSeq2SeqLM.from_pretrained(d).save_pretrained(d, safe_serialization=True)"),
+    (lambda hf: (hf / "tokenizer.json").unlink(), "tokenizer.json: missing"),
+    (lambda hf: _edit(hf / "config.json", activation_function="gelu_new"),
+     "config.json: activation_function 'gelu_new' is not supported; supported: relu, gelu, silu, swish"),
+    (lambda hf: _edit(hf / "config.json", decoder_ffn_dim=128),
+     "config.json: encoder_ffn_dim=64 differs from decoder_ffn_dim=128"),
+    (lambda hf: _edit(hf / "config.json", decoder_vocab_size=7),
+     "config.json: decoder_vocab_size=7 differs from vocab_size"),
+    (lambda hf: _edit(hf / "generation_config.json", no_repeat_ngram_size=3),
+     "generation_config.json: no_repeat_ngram_size=3 is not supported"),
+    (lambda hf: _edit(hf / "generation_config.json", bad_words_ids=[[5, 6]]),
+     "generation_config.json: bad_words_ids=[[5, 6]]: only single-token entries are supported"),
+    (lambda hf: _edit(hf / "generation_config.json", frobnicate=True),
+     "generation_config.json: frobnicate is not a generation option seqserve knows"),
+    (lambda hf: _edit(hf / "config.json", d_model=48), "model.safetensors: "),
+], ids=["model_type", "no-config", "no-weights", "pickle-only", "no-tokenizer", "activation", "ffn-widths",
+        "decoder-vocab", "no-repeat-ngram", "multi-token-bad-words", "unknown-generation-field", "shape"])
+def test_refusals_name_the_file_and_the_field(copy, tmp_path, capsys, edit, message):
+    edit(copy)
+    err = _refused(copy, tmp_path, capsys)
+    assert message in err and str(copy) in err
+    assert "Traceback" not in err and not (tmp_path / "out" / "metrics.json").exists()
