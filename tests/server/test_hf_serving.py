@@ -151,3 +151,15 @@ def test_sampling_never_returns_the_models_banned_or_special_ids(family, sentenc
     served = _served(server, sentences[:30], num_beams=1, temperature=1.5, seed=1, max_new_tokens=MAX_NEW)
     produced = [t for r in served for t in r.token_ids]
     assert len(produced) > 100 and not never & set(produced)
+
+
+def test_a_forced_end_token_wins_over_min_new_tokens(family, sentences):
+    """min_new_tokens = max_new_tokens: transformers' MinLength processor masks the end token and ForcedEOS then
+    forces it at the last step; the served ids are the same, greedy and beam."""
+    name, _, server, model, tok = family
+    text = sentences[0]
+    for beams in (1, 4):
+        (got,) = _served(server, [text], num_beams=beams, min_new_tokens=6, max_new_tokens=6)
+        (want,) = _hf(model, tok(text).input_ids, num_beams=beams, min_new_tokens=6, max_new_tokens=6,
+                      do_sample=False)
+        assert list(got.token_ids) == want and len(want) == 5
