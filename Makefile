@@ -24,7 +24,7 @@ THREADS_ENV := $(if $(THREADS),OMP_NUM_THREADS=$(THREADS))
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[train,loadtest,bench,dev]'
+	$(PY) -m pip install -q -e '.[train,loadtest,bench,hf,dev]'
 	touch $@
 
 venv: $(VENV)/.installed

@@ -144,6 +144,12 @@ def _verify(args: argparse.Namespace) -> int:
         from seqserve.checks.parity import torch_parity  # torch only when asked for
 
         rows += torch_parity(Path(args.bundle), Path(args.checkpoint), args.n, runtime)
+    if args.hf is not None:
+        if args.checkpoint is None:
+            raise ValueError("--hf needs --checkpoint (the checkpoint `seqserve import` wrote from that directory)")
+        from seqserve.checks.hf_parity import hf_parity  # transformers only when asked for
+
+        rows += hf_parity(Path(args.checkpoint), Path(args.hf))
     print(format_table(rows, skipped))
     if not all(r.ok for r in rows):
         return 1
@@ -151,7 +157,44 @@ def _verify(args: argparse.Namespace) -> int:
     return 0
 
 
+def _import(args: argparse.Namespace) -> int:
+    """Writes the checkpoint, then compares it with transformers (exit 1 when the logits differ beyond 1e-4)."""
+    from seqserve.model.hf_import import import_model
+
+    cfg = import_model(args.hf_dir, args.out, progress=not args.quiet)
+    print(f"imported {args.hf_dir} -> {args.out} (d_model {cfg.d_model}, {cfg.n_encoder_layers}+{cfg.n_decoder_layers} "
+          f"layers, vocabulary {cfg.vocab_size}, positions {cfg.positions}, activation {cfg.activation})")
+    if args.no_verify:
+        return 0
+    return _hf_rows(Path(args.out), Path(args.hf_dir), [])
+
+
+def _hf_rows(checkpoint: Path, hf_dir: Path, rows: list) -> int:
+    from seqserve.checks.table import format_table
+
+    try:
+        from seqserve.checks.hf_parity import hf_parity
+
+        rows = rows + hf_parity(checkpoint, hf_dir)
+        skipped = []
+    except ImportError:
+        skipped = ["PyTorch vs transformers: transformers is not installed (pip install 'seqserve[hf]')"]
+    print(format_table(rows, skipped))
+    return 0 if all(r.ok for r in rows) else 1
+
+
 def _add_export_commands(sub) -> None:
+    p = sub.add_parser("import", help="import a Hugging Face model directory (marian, bart, mbart) as a checkpoint",
+                       description="Reads config.json, generation_config.json, model.safetensors and the tokenizer "
+                                   "files of a local Hugging Face directory (save_pretrained form) and writes a "
+                                   "seqserve checkpoint for `seqserve export`; then compares its logits with "
+                                   "transformers' (needs the hf extra). Exit 2 names what cannot be imported.")
+    p.add_argument("hf_dir", help="Hugging Face model directory")
+    p.add_argument("--out", required=True, help="checkpoint directory to write")
+    p.add_argument("--no-verify", action="store_true", help="skip the comparison with transformers")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.set_defaults(func=_import)
+
     p = sub.add_parser("export", help="export a checkpoint to a bundle (ONNX graphs, variants, manifest)")
     p.add_argument("checkpoint", help="checkpoint directory written by `seqserve train`")
     p.add_argument("--out", required=True, help="bundle directory")
@@ -166,6 +209,8 @@ def _add_export_commands(sub) -> None:
     p = sub.add_parser("verify", help="check a bundle: integrity, NaN, variants vs fp32, onnxruntime vs PyTorch")
     p.add_argument("bundle", help="bundle directory")
     p.add_argument("--checkpoint", help="the checkpoint it was exported from: adds the PyTorch parity checks")
+    p.add_argument("--hf", metavar="HF_DIR", help="the Hugging Face directory the checkpoint was imported from: adds "
+                                                  "PyTorch vs transformers (logits within 1e-4; needs the hf extra)")
     p.add_argument("--n", type=int, default=256, help="held-out lines compared with PyTorch")
     p.add_argument("--quality-n", type=int, default=500, help="held-out lines for the variants vs fp32")
     p.add_argument("--device", choices=DEVICES, default="cpu",

@@ -12,7 +12,7 @@ from tokenizers import Tokenizer
 
 from seqserve.contract import names
 from seqserve.contract.manifest import MANIFEST, BundleError, Manifest, check_session_io, load_error, load_manifest
-from seqserve.contract.tokenizer import load_tokenizer, special_ids
+from seqserve.contract.tokenizer import check_special_ids, load_tokenizer
 
 
 def open_bundle(directory: str | Path, check_files: bool = True, graphs: bool = False) -> tuple[Manifest, Tokenizer]:
@@ -34,11 +34,9 @@ def checked_tokenizer(directory: Path, manifest: Manifest) -> Tokenizer:
         tokenizer = load_tokenizer(path)
     except Exception as exc:  # tokenizers raises plain Exception for a file it cannot parse
         raise BundleError(f"{path}: not a usable tokenizer: {str(exc).splitlines()[0][:200]}") from None
-    actual = special_ids(tokenizer)
-    for name, want in manifest.special_tokens.items():
-        if actual.get(name) != want:
-            raise BundleError(f"{Path(directory) / MANIFEST}: special_tokens.{name}={want} but {path.name} has id "
-                              f"{actual.get(name)} for that token")
+    problems = check_special_ids(tokenizer, manifest.special_tokens)
+    if problems:
+        raise BundleError(f"{Path(directory) / MANIFEST}: special_tokens.{problems[0]} ({path.name})")
     size, vocab = tokenizer.get_vocab_size(), manifest.model["vocab_size"]
     if size > vocab:
         raise BundleError(f"{path}: {size} tokens, more than the model's vocab_size={vocab} ({MANIFEST})")

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from seqserve.contract import graph_check, names, schema
+from seqserve.contract.generation import GenerationConfigError, GenerationDefaults
 
 FORMAT = "seqserve-bundle"
 FORMAT_VERSION = 1
@@ -52,7 +53,7 @@ def file_entry(directory: Path, name: str) -> dict:
 @dataclass
 class Manifest:
     model: dict  # ModelConfig.to_dict()
-    special_tokens: dict  # pad_id, bos_id, eos_id, unk_id
+    special_tokens: dict  # pad_id, bos_id, eos_id, unk_id, decoder_start_id (anywhere in the vocabulary)
     tokenizer: dict  # file entry
     io: dict  # {"encoder": {"inputs": [...], "outputs": [...]}, "decoder": {...}, "decoder_inplace": {...}}
     # name -> {"encoder": entry, "decoder": entry, "decoder_inplace": entry (optional), "quality": {...}}; decoder
@@ -63,6 +64,7 @@ class Manifest:
     max_new_tokens: int  # the longest generation the model was validated for
     heldout: dict | None = None  # file entry of HELDOUT
     training: dict = field(default_factory=dict)
+    generation: dict = field(default_factory=dict)  # GenerationDefaults.to_dict() of an imported model, or {}
     versions: dict = field(default_factory=dict)
     format: str = FORMAT
     format_version: int = FORMAT_VERSION
@@ -70,6 +72,10 @@ class Manifest:
     @property
     def n_layers(self) -> int:
         return int(self.model["n_decoder_layers"])
+
+    @property
+    def decoder_start_id(self) -> int:
+        return int(self.special_tokens.get(schema.DECODER_START, self.special_tokens["bos_id"]))
 
     def to_json(self) -> str:
         return json.dumps(self.__dict__, indent=2, sort_keys=False) + "\n"
@@ -155,6 +161,11 @@ def _check_schema(path: Path, data) -> None:
         schema.manifest_schema(VARIANTS).check(data, "")
     except schema.SchemaError as exc:
         raise BundleError(f"{path}: {exc}") from None
+    if data.get("generation"):
+        try:
+            GenerationDefaults.from_dict(data["generation"])
+        except GenerationConfigError as exc:
+            raise BundleError(f"{path}: generation: {exc}") from None
     problems = schema.cross_field_problems(data)
     if problems:
         raise BundleError(f"{path}: {'; '.join(problems)}")

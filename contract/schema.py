@@ -138,10 +138,12 @@ SHA256 = Str(r"[0-9a-f]{64}", "64 lowercase hex digits (a sha256)")
 # A listed file; further keys describe the graph it holds (e.g. its KV-cache kind), so they are allowed.
 FILE_ENTRY = Obj({"file": RelPath(), "sha256": SHA256, "bytes": Int(min=0, max=MAX_FILE_BYTES)}, extra=Anything())
 SPECIAL_IDS = ("pad_id", "bos_id", "eos_id", "unk_id")
+DECODER_START = "decoder_start_id"  # the decoder's first input; absent (bundles before it existed) = bos_id
 MODEL = Obj({"vocab_size": Int(1, MAX_VOCAB), "d_model": Int(1, MAX_WIDTH), "n_heads": Int(1, MAX_HEADS),
              "n_encoder_layers": Int(1, MAX_LAYERS), "n_decoder_layers": Int(1, MAX_LAYERS), "d_ff": Int(1, MAX_FF),
              "max_positions": Int(1, MAX_POSITIONS)},
-            optional={name: ID for name in SPECIAL_IDS}, extra=Anything())  # other ModelConfig fields pass through
+            optional={name: ID for name in SPECIAL_IDS + (DECODER_START,)},
+            extra=Anything())  # other ModelConfig fields pass through
 # Every graph of a variant is a file entry: encoder and decoder always, optional graphs (decoder_inplace) beside them.
 VARIANT = Obj({"encoder": FILE_ENTRY, "decoder": FILE_ENTRY}, optional={"quality": Obj(extra=Anything())},
               extra=FILE_ENTRY)
@@ -151,11 +153,13 @@ IO = Map(Obj({"inputs": List(Str()), "outputs": List(Str())}))
 def manifest_schema(variants: tuple[str, ...]) -> Obj:
     """The top level (fields the Manifest dataclass has beyond these are checked by the caller)."""
     return Obj({"format": Str(), "format_version": Int(), "model": MODEL,
-                "special_tokens": Obj({name: ID for name in SPECIAL_IDS}), "tokenizer": FILE_ENTRY, "io": IO,
+                "special_tokens": Obj({name: ID for name in SPECIAL_IDS}, optional={DECODER_START: ID}),
+                "tokenizer": FILE_ENTRY, "io": IO,
                 "variants": Map(VARIANT, keys=variants, needs=("fp32",)), "opset": Int(1, 1000),
                 "ir_version": Int(1, 1000),
                 "max_new_tokens": Int(1, MAX_POSITIONS)},
                optional={"heldout": Nullable(FILE_ENTRY), "training": Obj(extra=Anything()),
+                         "generation": Obj(extra=Anything()),  # contract/generation.py checks its fields
                          "versions": Obj(extra=Anything())}, extra=Anything())
 
 
@@ -168,12 +172,16 @@ def cross_field_problems(data: dict) -> list[str]:
     if data["max_new_tokens"] > model["max_positions"]:
         problems.append(f"max_new_tokens={data['max_new_tokens']} exceeds model.max_positions={model['max_positions']} "
                         "(the decoder's positions)")
-    for name in SPECIAL_IDS:
+    for name in [n for n in SPECIAL_IDS + (DECODER_START,) if n in special]:
         if special[name] >= model["vocab_size"]:
             problems.append(f"special_tokens.{name}={special[name]} is outside the vocabulary "
                             f"(model.vocab_size={model['vocab_size']})")
         if name in model and model[name] != special[name]:
             problems.append(f"model.{name}={model[name]} differs from special_tokens.{name}={special[name]}")
-    if len(set(special.values())) != len(special):
-        problems.append(f"special_tokens must be four different ids, got {special}")
+    # Ids may sit anywhere and the start token may be another special token (Marian starts from <pad>, BART from
+    # </s>); a model without its own <s> (Marian) names its start token as bos_id. pad, eos, unk must differ.
+    distinct = [special[n] for n in ("pad_id", "eos_id", "unk_id")]
+    if len(set(distinct)) != 3 or special["bos_id"] in (special["eos_id"], special["unk_id"]):
+        problems.append(f"special_tokens pad_id, eos_id and unk_id must be three different ids and bos_id differ "
+                        f"from eos_id and unk_id, got {special}")
     return problems

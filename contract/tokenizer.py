@@ -1,7 +1,9 @@
 """Loading a bundle's or checkpoint's tokenizer.json and checking its special-token contract (no torch).
 
-Contract: ids 0..3 are <pad>, <s>, </s>, <unk>; `tok.encode(text).ids` ends with </s> (the encoder input exactly);
-decode(encode(s), skip_special_tokens=True) == NFC(s) for any string, even one containing "</s>".
+Contract: every special id the manifest names (pad, bos, eos, unk, decoder start: anywhere in the vocabulary) is a
+special token of the tokenizer, so decode(..., skip_special_tokens=True) drops it; `tok.encode(text).ids` is the
+encoder input exactly (it ends with the end token). The tokenizers this project trains put <pad>, <s>, </s>, <unk>
+at ids 0..3 (special_ids reads them by name); an imported model's ids are wherever its vocabulary has them.
 """
 from __future__ import annotations
 
@@ -22,14 +24,20 @@ def as_text_only(tok: Tokenizer) -> Tokenizer:
 
 
 def load_tokenizer(path: str | Path) -> Tokenizer:
-    """Loads a saved tokenizer.json and checks the special-token contract (always load through here)."""
-    tok = as_text_only(Tokenizer.from_file(str(path)))
-    special_ids(tok)
-    return tok
+    """Loads a saved tokenizer.json (always load through here); check_special_ids checks it against a model."""
+    return as_text_only(Tokenizer.from_file(str(path)))
+
+
+def check_special_ids(tok: Tokenizer, ids: dict[str, int]) -> list[str]:
+    """Problems with a model's special ids ({"pad_id": 58100, ...}) in this tokenizer: each must be one of its
+    special tokens (decoding with skip_special_tokens drops exactly those)."""
+    special = {i for i, added in tok.get_added_tokens_decoder().items() if added.special}
+    return [f"{name}={i} is not a special token of the tokenizer (id {i} is {tok.id_to_token(i)!r})"
+            for name, i in ids.items() if i not in special]
 
 
 def special_ids(tok: Tokenizer) -> dict[str, int]:
-    """{"pad_id": 0, "bos_id": 1, "eos_id": 2, "unk_id": 3}, read from the tokenizer and checked."""
+    """{"pad_id": 0, "bos_id": 1, "eos_id": 2, "unk_id": 3}, read from a tokenizer this project trained, checked."""
     ids = {name: tok.token_to_id(token) for name, token in zip(ID_NAMES, SPECIAL_TOKENS)}
     expected = dict(zip(ID_NAMES, range(len(SPECIAL_TOKENS))))
     if ids != expected:

@@ -64,7 +64,7 @@ def export_fp32(checkpoint: str | Path, out: str | Path, bar: tqdm | None = None
     training = ck.read_metrics(checkpoint)
     manifest = mf.Manifest(
         model=cfg.to_dict(),
-        special_tokens={"pad_id": cfg.pad_id, "bos_id": cfg.bos_id, "eos_id": cfg.eos_id, "unk_id": cfg.unk_id},
+        special_tokens=ck.special_ids_of(cfg),
         tokenizer=mf.file_entry(out, mf.TOKENIZER),
         io=mf.expected_io(cfg.n_decoder_layers),
         variants={"fp32": {"encoder": mf.file_entry(out, ENCODER_FILE),
@@ -75,8 +75,9 @@ def export_fp32(checkpoint: str | Path, out: str | Path, bar: tqdm | None = None
         ir_version=ir_version,
         max_new_tokens=int(training.get("max_new_tokens", cfg.max_positions - 1)),
         heldout=heldout,
-        training={k: training[k] for k in ("preset", "task", "steps", "train_seconds", "parameters", "test")
-                  if k in training},
+        training={k: training[k] for k in ("preset", "task", "steps", "train_seconds", "parameters", "test",
+                                           "imported_from") if k in training},
+        generation=ck.read_generation(checkpoint),
         versions=package_versions(),
     )
     manifest.save(out)

@@ -24,6 +24,7 @@ from tokenizers import Tokenizer
 
 from seqserve.contract.tokenizer import BOS, EOS, UNK
 from seqserve.model.checkpoint import load_checkpoint
+from seqserve.model.config import ModelConfig
 from seqserve.model.transformer import Transformer
 
 
@@ -70,6 +71,12 @@ def _inputs(spec, embedding: torch.nn.Embedding, model: Transformer) -> None:
 def transformer_spec_of(model: Transformer, tokenizer: Tokenizer) -> transformer_spec.TransformerSpec:
     """Our weights in CTranslate2's Transformer spec, vocabularies and special tokens registered."""
     cfg = model.cfg
+    seeds = ModelConfig(vocab_size=cfg.vocab_size)
+    differ = [k for k in ("positions", "embed_norm", "activation", "scale_embeddings", "final_logits_bias")
+              if getattr(cfg, k) != getattr(seeds, k)]  # ties need no check: every weight is written out
+    if differ or cfg.decoder_start_id != cfg.bos_id:  # an imported model: CTranslate2's own converter reads it
+        raise ValueError(f"this converter takes the seeds' architecture; the model differs in {differ or ['start']} "
+                         "(convert a Hugging Face directory with ctranslate2.converters.TransformersConverter)")
     spec = transformer_spec.TransformerSpec.from_config(
         (cfg.n_encoder_layers, cfg.n_decoder_layers), cfg.n_heads, pre_norm=cfg.norm_first,
         activation=common_spec.Activation.RELU)

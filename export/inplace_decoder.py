@@ -4,7 +4,7 @@ with onnx.helper (not traced), so every node is chosen: com.microsoft contrib op
 Per layer, for a (batch, 1, d_model) step:
     self-attention   MatMul(packed QKV) + Add -> GroupQueryAttention -> MatMul(W^O) -> SkipLayerNormalization
     cross-attention  MatMul(W^Q) -> MultiHeadAttention(Q bias, cross K/V in BNSH, source mask) -> MatMul -> SkipLN
-    feed-forward     MatMul + Add -> Relu -> MatMul -> SkipLayerNormalization
+    feed-forward     MatMul + Add -> Relu | Gelu | Sigmoid * x -> MatMul -> SkipLayerNormalization
 SkipLayerNormalization takes the output projection's bias and the residual: LN(x + sublayer + b) (post-LN), or with
 the *next* LayerNorm's weights and its sum output as the new residual stream (pre-LN), so norms cost no extra node.
 
@@ -24,12 +24,12 @@ from onnx import TensorProto, helper, numpy_helper
 
 from seqserve.contract import names
 from seqserve.export.onnx_export import OPSET
-from seqserve.model.config import MASK_FILL
+from seqserve.model.config import LN_EPSILON, MASK_FILL
 from seqserve.model.transformer import Transformer
 
 MS_DOMAIN, MS_OPSET = "com.microsoft", 1
-LN_EPSILON = 1e-5  # torch.nn.LayerNorm's default
-CONTRIB_OPS = ("GroupQueryAttention", "MultiHeadAttention", "SkipLayerNormalization")
+CONTRIB_OPS = ("GroupQueryAttention", "MultiHeadAttention", "SkipLayerNormalization")  # in every decoder_inplace
+GELU = "Gelu"  # com.microsoft, only in a gelu model's graph
 
 
 def _np(t: torch.Tensor) -> np.ndarray:
@@ -97,25 +97,45 @@ def build_inplace_decoder(model: Transformer) -> onnx.ModelProto:
         h, x = _residual(g, a, x, layer.self_attn.o_proj, fused[3 * i], f"{sub}.self", cfg.norm_first)
         c = _cross_attention(g, layer.cross_attn, h, src_mask, i, sub)
         h, x = _residual(g, c, x, layer.cross_attn.o_proj, fused[3 * i + 1], f"{sub}.cross", cfg.norm_first)
-        (f,) = g.op("Relu", [g.linear(h, layer.ffn.w1, f"{sub}.ffn.w1")])  # (B, 1, F)
+        f = _activation(g, g.linear(h, layer.ffn.w1, f"{sub}.ffn.w1"), cfg.activation)  # (B, 1, F)
         f = g.linear(f, layer.ffn.w2, f"{sub}.ffn.w2", bias=False)  # its bias goes into the SkipLayerNormalization
         h, x = _residual(g, f, x, layer.ffn.w2, fused[3 * i + 2], f"{sub}.ffn", cfg.norm_first, keep_sum=not last)
     # Squeeze first: onnxruntime aliases it, while a Squeeze that produced the graph output would copy the logits.
     (h,) = g.op("Squeeze", [h, g.const("axis_1", np.array([1], np.int64))])  # (B, D)
     out_weight = _np(model.out_proj.weight).T  # (D, V): a copy even when tied, since Gather needs (V, D)
-    g.op("MatMul", [h, g.const("out_proj.weight_t", out_weight)], outputs=[names.LOGITS])  # (B, V)
+    if model.final_logits_bias is None:
+        g.op("MatMul", [h, g.const("out_proj.weight_t", out_weight)], outputs=[names.LOGITS])  # (B, V)
+    else:
+        (y,) = g.op("MatMul", [h, g.const("out_proj.weight_t", out_weight)])  # (B, V)
+        g.op("Add", [y, g.const("final_logits_bias", _np(model.final_logits_bias))], outputs=[names.LOGITS])
     return _model(g, cfg)
 
 
-def _embed(g: _Builder, model: Transformer) -> str:
-    """Token embedding times sqrt(d_model) plus the sinusoid at each row's own position (3.4, 3.5): (B, 1, D).
+def _activation(g: _Builder, x: str, activation: str) -> str:
+    """The FFN's activation: Relu, the contrib Gelu (exact erf form, one fused kernel) or x * Sigmoid(x) (SiLU)."""
+    if activation == "relu":
+        return g.op("Relu", [x])[0]
+    if activation == "gelu":
+        return g.op(GELU, [x], domain=MS_DOMAIN)[0]
+    (sig,) = g.op("Sigmoid", [x])
+    return g.op("Mul", [x, sig])[0]
 
-    The table pre-multiplied by sqrt(d_model) is bitwise what PyTorch computes per lookup."""
-    scaled = _np(model.tgt_embed.weight) * np.float32(model.positions.scale)  # (V, D)
+
+def _embed(g: _Builder, model: Transformer) -> str:
+    """Token embedding (times sqrt(d_model) when scaled) plus the position vector at each row's own position (3.4,
+    3.5), then the embedding LayerNorm if the model has one: (B, 1, D).
+
+    The table pre-multiplied by the scale is bitwise what PyTorch computes per lookup."""
+    positions = model.tgt_positions
+    scaled = _np(model.tgt_embed.weight) * np.float32(positions.scale)  # (V, D)
     (tok,) = g.op("Gather", [g.const("embed.scaled", scaled), names.DECODER_INPUT_IDS])  # (B, 1, D)
-    table = _np(model.positions.table)[:, None, :]  # (P, 1, D): gathered by (B,) lengths it gives (B, 1, D)
+    table = _np(positions.rows())[:, None, :]  # (P, 1, D): gathered by (B,) lengths it gives (B, 1, D)
     (pos,) = g.op("Gather", [g.const("positions.table", table), names.PAST_SEQ_LENS])  # (B, 1, D)
     (x,) = g.op("Add", [tok, pos])
+    if model.cfg.embed_norm:
+        norm = model.tgt_embed_norm
+        (x,) = g.op("LayerNormalization", [x, g.const("embed_norm.gamma", _np(norm.weight)),
+                                           g.const("embed_norm.beta", _np(norm.bias))], axis=-1, epsilon=LN_EPSILON)
     return x
 
 
@@ -177,7 +197,7 @@ def _model(g: _Builder, cfg) -> onnx.ModelProto:
 def manifest_fields(model: Transformer) -> dict:
     """What the manifest says of this graph beside its file entry (the runner picks a decoder graph by these)."""
     return {"kv_cache": names.KV_INPLACE, "max_len": model.cfg.max_positions, "kv_dtype": "float32",
-            "contrib_ops": list(CONTRIB_OPS)}
+            "contrib_ops": list(CONTRIB_OPS) + ([GELU] if model.cfg.activation == "gelu" else [])}
 
 
 @torch.no_grad()

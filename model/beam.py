@@ -152,7 +152,7 @@ def beam_search(model: Transformer, sources: list[list[int]], opts: BeamOptions)
     cross = model.cross_kv(model.encode(src_ids, src_mask))  # per layer (B, H, S, Dh) x2
     searches = [SourceBeams(opts, cfg.eos_id) for _ in sources]
     rows = torch.arange(len(sources), device=dev)  # (R,) the source of each row
-    tokens = torch.full((len(sources), 1), cfg.bos_id, dtype=torch.int64, device=dev)  # (R, 1)
+    tokens = torch.full((len(sources), 1), cfg.decoder_start_id, dtype=torch.int64, device=dev)  # (R, 1)
     past = None
     for step in range(opts.max_new_tokens):
         r = rows.shape[0]
@@ -196,7 +196,8 @@ def teacher_forced_logprobs(model: Transformer, sources: list[list[int]],
     cfg = model.cfg
     dev = next(model.parameters()).device
     src_ids, src_mask = pad_batch(sources, cfg.pad_id, dev)
-    tgt_in, tgt_mask = pad_batch([[cfg.bos_id] + t[:-1] for t in targets], cfg.pad_id, dev)  # (B, T) shifted right
+    shifted = [[cfg.decoder_start_id] + t[:-1] for t in targets]
+    tgt_in, tgt_mask = pad_batch(shifted, cfg.pad_id, dev)  # (B, T) shifted right
     logprobs = torch.log_softmax(model(src_ids, src_mask, tgt_in, tgt_mask).float(), dim=-1)  # (B, T, V)
     gold, _ = pad_batch(targets, cfg.pad_id, dev)  # (B, T)
     picked = logprobs.gather(-1, gold[..., None])[..., 0].double().cpu()  # (B, T)

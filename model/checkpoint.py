@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer
 
-from seqserve.contract.tokenizer import load_tokenizer
+from seqserve.contract.tokenizer import check_special_ids, load_tokenizer
 from seqserve.model.config import ModelConfig
 from seqserve.model.transformer import Transformer
 
@@ -27,6 +27,7 @@ BEST_WEIGHTS = "best.safetensors"  # the best weights so far, while training run
 LAST_WEIGHTS = "last.safetensors"  # the latest step, for --resume
 OPTIMIZER = "optimizer.safetensors"
 STATE = "state.json"
+GENERATION = "generation.json"  # an imported model's decoding defaults (contract/generation.py GenerationDefaults)
 _TMP_SUFFIX = ".tmp"
 
 
@@ -54,10 +55,21 @@ def save_tensors_atomic(tensors: dict[str, torch.Tensor], path: Path) -> None:
 def state_dict_for_save(model: Transformer) -> dict[str, torch.Tensor]:
     # Tied weights share storage; safetensors refuses aliases, so drop the tied copies (re-tied on load).
     state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
-    if model.cfg.tie_embeddings:
-        state.pop("tgt_embed.weight", None)
-        state.pop("out_proj.weight", None)
+    for name in tied_names(model):
+        state.pop(name, None)
     return state
+
+
+def tied_names(model: Transformer) -> set[str]:
+    """The state-dict names that alias another weight (the safetensors file stores each tensor once)."""
+    cfg, names = model.cfg, set()
+    if cfg.tie_embeddings:
+        names.add("tgt_embed.weight")
+    if cfg.tie_output:
+        names.add("out_proj.weight")
+    if model.tgt_positions is model.positions:
+        names |= {k for k in model.state_dict() if k.startswith("tgt_positions.")}
+    return names
 
 
 def save_weights(model: Transformer, path: Path) -> None:
@@ -66,7 +78,7 @@ def save_weights(model: Transformer, path: Path) -> None:
 
 def load_weights(model: Transformer, path: Path) -> None:
     missing, unexpected = model.load_state_dict(load_file(str(path)), strict=False)
-    tied = {"tgt_embed.weight", "out_proj.weight"} if model.cfg.tie_embeddings else set()
+    tied = tied_names(model)
     if set(missing) - tied or unexpected:
         raise ValueError(f"{path}: missing {sorted(set(missing) - tied)}, unexpected {sorted(unexpected)}")
 
@@ -86,7 +98,22 @@ def load_checkpoint(directory: str | Path) -> tuple[Transformer, Tokenizer]:
         if not (directory / name).is_file():
             unfinished = " (training has not finished: no metrics.json)" if not (directory / METRICS).is_file() else ""
             raise FileNotFoundError(f"checkpoint {directory} has no {name}{unfinished}")
-    return load_model(directory), load_tokenizer(directory / TOKENIZER)
+    model, tok = load_model(directory), load_tokenizer(directory / TOKENIZER)
+    problems = check_special_ids(tok, special_ids_of(model.cfg))
+    if problems:
+        raise ValueError(f"{directory / TOKENIZER}: {'; '.join(problems)} ({CONFIG})")
+    return model, tok
+
+
+def special_ids_of(cfg: ModelConfig) -> dict[str, int]:
+    """The manifest's special_tokens of a model: every id the engine treats specially."""
+    return {name: getattr(cfg, name) for name in ("pad_id", "bos_id", "eos_id", "unk_id", "decoder_start_id")}
+
+
+def read_generation(directory: str | Path) -> dict:
+    """The model's decoding defaults (an imported model's generation_config.json, as the manifest records them)."""
+    path = Path(directory) / GENERATION
+    return json.loads(path.read_text()) if path.is_file() else {}
 
 
 def read_metrics(directory: str | Path) -> dict:

@@ -8,6 +8,11 @@ from pathlib import Path
 # Additive mask value for forbidden attention scores: finite so a fully masked row never yields NaN,
 # and small enough in magnitude to stay finite in float16 (max 65504).
 MASK_FILL = -1.0e4
+LN_EPSILON = 1e-5  # every LayerNorm's epsilon (torch's and Hugging Face's default)
+
+# Architecture options (docs/architecture.md "Model options"); the first of each is the seeds' choice.
+POSITIONS = ("sinusoidal", "sinusoidal_halves", "learned")  # interleaved sin/cos; sin half then cos half (Marian)
+ACTIVATIONS = ("relu", "gelu", "silu")  # gelu: the exact (erf) form; silu = swish
 
 
 @dataclass(frozen=True)
@@ -19,19 +24,43 @@ class ModelConfig:
     n_decoder_layers: int = 3
     d_ff: int = 1024
     dropout: float = 0.1
-    max_positions: int = 256  # longest source or target (tokens) the sinusoid table covers
+    max_positions: int = 256  # longest source or target (tokens) the position table covers
     norm_first: bool = False  # False = the paper's post-LN; True = pre-LN (+ a final LayerNorm)
-    tie_embeddings: bool = True  # share source/target embeddings and the output projection (paper 3.4)
+    tie_embeddings: bool = True  # share source and target embeddings (paper 3.4)
+    tie_output: bool | None = None  # output projection = target embedding; None = as tie_embeddings
+    positions: str = "sinusoidal"  # one of POSITIONS
+    position_offset: int = 0  # learned: the table row of position 0 (BART: 2)
+    embed_norm: bool = False  # a LayerNorm after embeddings + positions (BART, mBART)
+    activation: str = "relu"  # the FFN's, one of ACTIVATIONS
+    scale_embeddings: bool = True  # token embeddings times sqrt(d_model) (paper 3.4)
+    final_logits_bias: bool = False  # a bias added to the logits (Marian, BART)
     pad_id: int = 0
     bos_id: int = 1
     eos_id: int = 2
     unk_id: int = 3
+    decoder_start_id: int | None = None  # the decoder's first input; None = bos_id (Marian: pad, BART: eos)
 
     def __post_init__(self) -> None:
         if self.d_model % self.n_heads:
             raise ValueError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
         if min(self.vocab_size, self.d_model, self.n_heads, self.d_ff, self.max_positions) <= 0:
             raise ValueError(f"ModelConfig sizes must be positive: {self}")
+        if self.positions not in POSITIONS:
+            raise ValueError(f"positions must be one of {POSITIONS}, got {self.positions!r}")
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(f"activation must be one of {ACTIVATIONS}, got {self.activation!r}")
+        if self.position_offset < 0 or (self.position_offset and self.positions != "learned"):
+            raise ValueError(f"position_offset must be >= 0 and only with learned positions, got "
+                             f"{self.position_offset} with {self.positions!r}")
+        # Resolved once, so to_dict() says exactly what the model does (frozen: set through object.__setattr__).
+        if self.tie_output is None:
+            object.__setattr__(self, "tie_output", self.tie_embeddings)
+        if self.decoder_start_id is None:
+            object.__setattr__(self, "decoder_start_id", self.bos_id)
+        for name in ("pad_id", "bos_id", "eos_id", "unk_id", "decoder_start_id"):
+            if not 0 <= getattr(self, name) < self.vocab_size:
+                raise ValueError(f"{name}={getattr(self, name)} is outside the vocabulary "
+                                 f"(vocab_size={self.vocab_size})")
 
     @property
     def head_dim(self) -> int:

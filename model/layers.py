@@ -5,22 +5,26 @@ import torch
 from torch import nn
 
 from seqserve.model.attention import MultiHeadAttention
-from seqserve.model.config import ModelConfig
+from seqserve.model.config import LN_EPSILON, ModelConfig
 
 KV = tuple[torch.Tensor, torch.Tensor]  # keys, values: (B, H, S, Dh) each
 
 
-class FeedForward(nn.Module):
-    """FFN(x) = max(0, x W1 + b1) W2 + b2 (3.3)."""
+ACTIVATION = {"relu": nn.ReLU, "gelu": nn.GELU, "silu": nn.SiLU}  # GELU: the exact erf form, as HF's "gelu"
 
-    def __init__(self, d_model: int, d_ff: int, dropout: float) -> None:
+
+class FeedForward(nn.Module):
+    """FFN(x) = act(x W1 + b1) W2 + b2, act = ReLU in the paper (3.3)."""
+
+    def __init__(self, d_model: int, d_ff: int, dropout: float, activation: str = "relu") -> None:
         super().__init__()
         self.w1 = nn.Linear(d_model, d_ff)
         self.w2 = nn.Linear(d_ff, d_model)
+        self.act = ACTIVATION[activation]()
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w2(self.dropout(torch.relu(self.w1(x))))  # (B, T, D)
+        return self.w2(self.dropout(self.act(self.w1(x))))  # (B, T, D)
 
 
 class Residual(nn.Module):
@@ -28,7 +32,7 @@ class Residual(nn.Module):
 
     def __init__(self, d_model: int, dropout: float, norm_first: bool) -> None:
         super().__init__()
-        self.norm = nn.LayerNorm(d_model)
+        self.norm = nn.LayerNorm(d_model, eps=LN_EPSILON)
         self.dropout = nn.Dropout(dropout)
         self.norm_first = norm_first
 
@@ -42,7 +46,7 @@ class EncoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.dropout)
-        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.dropout)
+        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.dropout, cfg.activation)
         self.res_attn = Residual(cfg.d_model, cfg.dropout, cfg.norm_first)
         self.res_ffn = Residual(cfg.d_model, cfg.dropout, cfg.norm_first)
 
@@ -57,7 +61,7 @@ class DecoderLayer(nn.Module):
         super().__init__()
         self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.dropout)
         self.cross_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.dropout)
-        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.dropout)
+        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.dropout, cfg.activation)
         self.res_self = Residual(cfg.d_model, cfg.dropout, cfg.norm_first)
         self.res_cross = Residual(cfg.d_model, cfg.dropout, cfg.norm_first)
         self.res_ffn = Residual(cfg.d_model, cfg.dropout, cfg.norm_first)

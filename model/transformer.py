@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from seqserve.model.attention import causal_bias, padding_bias
-from seqserve.model.config import ModelConfig
+from seqserve.model.config import LN_EPSILON, ModelConfig
 from seqserve.model.layers import KV, DecoderLayer, EncoderLayer
 from seqserve.model.positional import PositionalEncoding
 
@@ -21,17 +21,33 @@ class Transformer(nn.Module):
         self.cfg = cfg
         self.src_embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.tgt_embed = self.src_embed if cfg.tie_embeddings else nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.positions = PositionalEncoding(cfg.max_positions, cfg.d_model)
+        self.positions = self._positions()  # the encoder's
+        # A sinusoid table is one fixed buffer for both stacks; learned tables are each stack's own (BART).
+        self.tgt_positions = self._positions() if cfg.positions == "learned" else self.positions
+        self.src_embed_norm = self._norm(cfg.embed_norm)  # BART: LayerNorm(embedding + position)
+        self.tgt_embed_norm = self._norm(cfg.embed_norm)
         self.dropout = nn.Dropout(cfg.dropout)
         self.encoder = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.n_encoder_layers))
         self.decoder = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.n_decoder_layers))
         # Pre-LN leaves the residual stream unnormalised, so it needs a final LayerNorm on each stack.
-        self.enc_norm = nn.LayerNorm(cfg.d_model) if cfg.norm_first else nn.Identity()
-        self.dec_norm = nn.LayerNorm(cfg.d_model) if cfg.norm_first else nn.Identity()
+        self.enc_norm = self._norm(cfg.norm_first)
+        self.dec_norm = self._norm(cfg.norm_first)
         self.out_proj = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
-        if cfg.tie_embeddings:
+        if cfg.final_logits_bias:  # a buffer, as in HF: saved with the weights, never trained
+            self.register_buffer("final_logits_bias", torch.zeros(cfg.vocab_size))  # (V,)
+        else:
+            self.final_logits_bias = None
+        if cfg.tie_output:
             self.out_proj.weight = self.tgt_embed.weight  # shared pre-softmax and embedding weights (3.4)
         self._init_weights()
+
+    def _positions(self) -> PositionalEncoding:
+        cfg = self.cfg
+        return PositionalEncoding(cfg.max_positions, cfg.d_model, cfg.positions, cfg.position_offset,
+                                  cfg.scale_embeddings)
+
+    def _norm(self, wanted: bool) -> nn.Module:
+        return nn.LayerNorm(self.cfg.d_model, eps=LN_EPSILON) if wanted else nn.Identity()
 
     def _init_weights(self) -> None:
         for name, p in self.named_parameters():
@@ -45,7 +61,7 @@ class Transformer(nn.Module):
         # src_ids, src_mask: (B, S); returns the encoder output (B, S, D)
         b, s = src_ids.shape
         positions = torch.arange(s, device=src_ids.device).expand(b, s)  # (B, S)
-        x = self.dropout(self.positions(self.src_embed(src_ids), positions))  # (B, S, D)
+        x = self.dropout(self.src_embed_norm(self.positions(self.src_embed(src_ids), positions)))  # (B, S, D)
         bias = padding_bias(src_mask)  # (B, 1, 1, S)
         for layer in self.encoder:
             x = layer(x, bias)
@@ -73,7 +89,7 @@ class Transformer(nn.Module):
         Returns logits (B, T, V) and the present K/V per layer (B, H, P+T, Dh) x2.
         """
         t = tgt_ids.shape[1]
-        x = self.dropout(self.positions(self.tgt_embed(tgt_ids), positions))  # (B, T, D)
+        x = self.dropout(self.tgt_embed_norm(self.tgt_positions(self.tgt_embed(tgt_ids), positions)))  # (B, T, D)
         self_bias = padding_bias(self_mask)  # (B, 1, 1, P+T)
         if causal:
             self_bias = self_bias + causal_bias(t, self_mask.shape[1], tgt_ids.device)  # (B, 1, T, P+T)
@@ -82,7 +98,10 @@ class Transformer(nn.Module):
         for i, layer in enumerate(self.decoder):
             x, kv = layer(x, self_bias, None if past is None else past[i], cross[i], cross_bias)
             present.append(kv)
-        return self.out_proj(self.dec_norm(x)), present  # (B, T, V)
+        logits = self.out_proj(self.dec_norm(x))  # (B, T, V)
+        if self.final_logits_bias is not None:
+            logits = logits + self.final_logits_bias
+        return logits, present
 
     def forward(
         self, src_ids: torch.Tensor, src_mask: torch.Tensor, tgt_ids: torch.Tensor, tgt_mask: torch.Tensor

@@ -27,6 +27,7 @@ from seqserve.server.handlers import add_refusing
 from seqserve.server.health import Health
 from seqserve.server.metrics import Metrics
 from seqserve.server.metrics_http import MetricsEndpoint
+from seqserve.server.model_defaults import default_max_new_tokens, info_entries, request_defaults
 from seqserve.server.request import Request, SamplingParams
 from seqserve.server.runner import Runner
 from seqserve.server.scheduler import Scheduler, SchedulerConfig
@@ -61,7 +62,8 @@ class App:
             await self._serve_metrics()
             runner, tokenizer, limits, engine = await asyncio.to_thread(self._load)
             self.runner, self.engine = runner, engine
-            self.service.open(engine, tokenizer, limits, self._model_info(runner))
+            defaults = request_defaults(runner.manifest.generation, limits.default_max_new_tokens, limits.max_num_beams)
+            self.service.open(engine, tokenizer, limits, self._model_info(runner), defaults)
             await self._set_health(health_pb2.HealthCheckResponse.SERVING)
             log.info("serving %s on %s:%d (%s, %s); %s", self.settings.bundle, self.settings.bind, self.port,
                      runner.provider, runner.variant, "metrics disabled" if self.metrics_port is None else
@@ -123,7 +125,8 @@ class App:
         manifest, tokenizer = open_bundle(s.bundle)
         if s.variant in manifest.variants:  # probed on CPU too: an out-of-range gather may pass silently on a GPU
             check_graphs(s.bundle, manifest, s.variant)
-        limits = s.limits(int(manifest.model["max_positions"]), int(manifest.max_new_tokens))
+        limits = s.limits(int(manifest.model["max_positions"]), int(manifest.max_new_tokens),
+                          default_max_new_tokens(manifest.generation))
         runtime = RuntimeConfig(device=s.device, intra_op_threads=s.intra_op_threads,
                                 inter_op_threads=s.inter_op_threads, allow_spinning=s.allow_spinning,
                                 cuda_tf32=s.cuda_tf32)
@@ -148,7 +151,7 @@ class App:
     def _model_info(self, runner: Runner) -> dict:
         manifest = runner.manifest
         quality = manifest.variants[runner.variant].get("quality", {})
-        return dict(config=dict(manifest.model),
+        return dict(config=dict(manifest.model) | info_entries(manifest.generation),
                     bundle_format_version=manifest.format_version, variant=runner.variant,
                     execution_provider=runner.provider, onnxruntime_version=ort.__version__,
                     quality={k: float(v) for k, v in quality.items() if isinstance(v, (int, float))})

@@ -27,8 +27,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from seqserve.contract.scoring import score
+from seqserve.server.constraints import Constraints
 from seqserve.server.request import FinishReason, Request, Sequence, TokenLogprob
 from seqserve.server.runner import Runner
+from seqserve.server.sampling import log_softmax
 
 CANDIDATES_PER_BEAM = 2  # HF keeps 2 x num_beams candidates (one end token)
 
@@ -77,8 +79,9 @@ class Beams:
     """Every running beam request's rows: admission, the log-probabilities they need, selection, reorder, ending and
     scores, as vector operations over all beam requests in the batch."""
 
-    def __init__(self, runner: Runner, detokenize: Callable[[list[int]], str], eos_id: int) -> None:
-        self.runner, self.detokenize, self.eos_id = runner, detokenize, eos_id
+    def __init__(self, runner: Runner, detokenize: Callable[[list[int]], str], eos_id: int,
+                 constraints: Constraints = Constraints()) -> None:
+        self.runner, self.detokenize, self.eos_id, self.constraints = runner, detokenize, eos_id, constraints
         slots = runner.slots
         capacity, max_new = slots.capacity, slots.ids.shape[1] - 1
         # Per-row state (C, ...): the slot map moves it with its row and clears it when the row is freed.
@@ -109,6 +112,16 @@ class Beams:
                 self._tops[row] = ()
             self._searches[r.id] = _Search(r)
             self._n_top += bool(p.top_logprobs)
+
+    def _constrained(self, raw: np.ndarray, top: np.ndarray, log_z: np.ndarray, length: np.ndarray,
+                     max_new: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The rows' log-probabilities (R, V) float64 after the token rules (renormalised when the model asks), as
+        (raw, top, log_z) with top = log_z = 0, so the selection below reads them unchanged."""
+        lp = np.subtract(raw, top, dtype=np.float64) - log_z[:, None]  # (R, V)
+        self.constraints.apply(lp, length, max_new)
+        if self.constraints.renormalize:
+            lp = log_softmax(lp)
+        return lp, np.zeros_like(top), np.zeros_like(log_z)
 
     def owns(self) -> np.ndarray:
         """(hi,) bool: the rows whose token this component chooses (the engine skips them)."""
@@ -142,6 +155,8 @@ class Beams:
         top = raw.max(axis=1, keepdims=True).astype(np.float64)  # (R, 1)
         e = np.subtract(raw, top, dtype=np.float64)  # (R, V) x - max in float64, as sampling.log_softmax
         log_z = np.log(np.exp(e, out=e).sum(axis=1))  # (R,) the model's distribution, before min_new_tokens
+        if self.constraints.active:  # the model's token rules act on log-probabilities, as HF's processors on beams
+            raw, top, log_z = self._constrained(raw, top, log_z, length, slots.max_new[rows])
         tops = {i: top_alternatives(_shifted(raw, top, i) - log_z[i], int(self._top_n[rows[i]]))
                 for i in np.flatnonzero(self._top_n[rows]).tolist()} if self._n_top else {}
         no_eos = length < slots.min_new[rows]  # (R,) HF masks the end token after log_softmax

@@ -16,6 +16,7 @@ from tokenizers import Tokenizer
 from seqserve.contract.scoring import score
 from seqserve.server import finish
 from seqserve.server.beam import BeamResult, Beams
+from seqserve.server.constraints import Constraints
 from seqserve.server.detokenizer import TextStream
 from seqserve.server.metrics import Metrics
 from seqserve.server.request import FinishReason, Request
@@ -36,10 +37,12 @@ class Engine(Stepping):
         self.stream_interval = stream_interval  # a stream's message carries this many tokens (the last one fewer)
         special = runner.manifest.special_tokens
         self.eos_id = special["eos_id"]
-        self.banned = np.array([special[k] for k in ("pad_id", "bos_id", "unk_id")], np.int64)  # never sampled
+        self.constraints = Constraints.from_generation(runner.manifest.generation)  # the model's token rules
+        self.banned = self.constraints.never_sampled(special)  # never sampled
         self._running: dict[Request, Running] = {}  # every running greedy or sampled request's record
         self._views: tuple[list[Running], ...] | None = None  # running.views: None when a record joined or left
-        self.beams = Beams(runner, lambda ids: tokenizer.decode(ids, skip_special_tokens=True), self.eos_id)
+        self.beams = Beams(runner, lambda ids: tokenizer.decode(ids, skip_special_tokens=True), self.eos_id,
+                           self.constraints)
 
     def submit(self, request: Request) -> None:
         """Queues a request (raises QueueFull when the waiting queue is at its limit) and wakes the loop."""
@@ -103,6 +106,8 @@ class Engine(Stepping):
             rec.slot = slots.slot_of(rec.request)
         single = slots.live[:hi] & ~self.beams.owns()  # (hi,) rows whose token is chosen here (beams: below)
         lps = {rec: log_softmax(logits[rec.slot]) for rec in scored}  # the model's, before anything masks them
+        if self.constraints.active:  # greedy and sampled rows: on the logits (beams: on their log-probabilities)
+            self.constraints.apply(logits[:hi], slots.length[:hi], slots.max_new[:hi], single)
         chosen = choose(logits, {}, self.eos_id, self.banned, single & (slots.length[:hi] < slots.min_new[:hi]))
         if sampled:  # (each phase is skipped outright when no row needs it: batch 1 pays per call)
             self._each(sampled, lambda rec: self._sample(rec, logits, chosen))

@@ -33,12 +33,16 @@ def _given(o, name: str, default):
     return value or default
 
 
-def sampling_params(o, limits: Limits, defaults: SamplingParams = NO_DEFAULTS) -> SamplingParams:
-    """The validated options; seed is None when the request left it unset (the service draws one per input)."""
+def sampling_params(o, limits: Limits, defaults: SamplingParams = NO_DEFAULTS,
+                    forced_eos: bool = False) -> SamplingParams:
+    """The validated options; seed is None when the request left it unset (the service draws one per input).
+    forced_eos: the model forces its end token at max_new_tokens, which wins over min_new_tokens (as in HF)."""
     cap = limits.max_new_tokens
     max_new = o.max_new_tokens if o.HasField("max_new_tokens") else limits.default_max_new_tokens
     _check(1 <= max_new <= cap, f"options.max_new_tokens must be in [1, {cap}], got {max_new}")
-    min_new = _given(o, "min_new_tokens", defaults.min_new_tokens)
+    min_new = _given(o, "min_new_tokens", min(defaults.min_new_tokens, max_new))  # a default never exceeds the cap
+    if forced_eos:
+        min_new = min(min_new, max_new - 1)
     _check(min_new <= max_new, f"options.min_new_tokens must be at most max_new_tokens ({max_new}), got {min_new}")
     temperature = float(_given(o, "temperature", defaults.temperature))
     _check(temperature in TEMPERATURE,
@@ -52,9 +56,10 @@ def sampling_params(o, limits: Limits, defaults: SamplingParams = NO_DEFAULTS) -
            f"options.repetition_penalty must be finite and > 0 (in {REPETITION_PENALTY}), got {penalty:g}")
     stop = tuple(o.stop) or defaults.stop
     _check_stop(stop, limits)
-    beams, most = _given(o, "num_beams", defaults.num_beams), limits.max_num_beams
+    plain = temperature == 0 and not stop and penalty == 1  # a request that samples or stops gets no default beams
+    beams, most = _given(o, "num_beams", defaults.num_beams if plain else 1), limits.max_num_beams
     _check(beams <= most, f"options.num_beams must be in [1, {most}] (max_num_beams), got {beams}")
-    n = _given(o, "num_return_sequences", defaults.num_return_sequences)
+    n = _given(o, "num_return_sequences", min(defaults.num_return_sequences, beams))
     length_penalty = float(_given(o, "length_penalty", defaults.length_penalty))
     problem = beam_problem(beams, n, length_penalty)
     _check(problem is None, f"options.{problem}")

@@ -47,7 +47,7 @@ class Runner:
         self.pad_id = special["pad_id"]
         self.n_layers = cfg["n_decoder_layers"]
         max_new, heads, head_dim = int(self.manifest.max_new_tokens), cfg["n_heads"], cfg["d_model"] // cfg["n_heads"]
-        self.slots = Slots(capacity, max_new, special["bos_id"])
+        self.slots = Slots(capacity, max_new, self.manifest.decoder_start_id)  # every row's first decoder input
         self.kv_cache = choose_cache(kv_cache, files, self.device.ort_device)  # the encoder session settled the device
         if self.kv_cache == "inplace":
             kv_dtype = np.dtype(files[names.DECODER_INPLACE].get("kv_dtype", "float32"))  # fp16: float16 buffers

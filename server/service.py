@@ -193,7 +193,8 @@ class GenerationService(pb_grpc.GenerationServicer):
     def _params(self, o: pb.DecodingOptions) -> SamplingParams:
         """Validated decoding options (INVALID_ARGUMENT names the field); the seed is chosen per input."""
         try:
-            return options.sampling_params(o, self.limits, self.defaults)
+            return options.sampling_params(o, self.limits, self.defaults,
+                                           forced_eos=self.engine.constraints.forced_eos is not None)
         except options.InvalidOption as exc:
             raise Rejected(Code.INVALID_ARGUMENT, str(exc), "invalid_argument") from None
 

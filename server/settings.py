@@ -180,8 +180,9 @@ class Settings:
                                 "`openssl rand -hex 32`")
         return frozenset(tokens)
 
-    def limits(self, model_max_positions: int, bundle_max_new_tokens: int) -> Limits:
-        """The request limits once the bundle is known; refuses caps beyond what the model supports."""
+    def limits(self, model_max_positions: int, bundle_max_new_tokens: int, model_default: int | None = None) -> Limits:
+        """The request limits once the bundle is known; refuses caps beyond what the model supports. model_default:
+        the model's own max_new_tokens default (generation_config's max_length - 1), used unless this sets one."""
         max_input = self.max_input_tokens or model_max_positions
         if max_input > model_max_positions:
             raise SettingsError(f"{_names('max_input_tokens')} {max_input} exceeds the model's max_positions "
@@ -190,7 +191,7 @@ class Settings:
         if cap > bundle_max_new_tokens:
             raise SettingsError(f"{_names('max_new_tokens')} {cap} exceeds the bundle's max_new_tokens "
                                 f"({bundle_max_new_tokens})")
-        default = self.default_max_new_tokens or min(DEFAULT_MAX_NEW_TOKENS, cap)
+        default = self.default_max_new_tokens or min(model_default or DEFAULT_MAX_NEW_TOKENS, cap)
         if default > cap:
             raise SettingsError(f"{_names('default_max_new_tokens')} {default} exceeds the cap ({cap})")
         return Limits(max_input_tokens=max_input, max_new_tokens=cap, default_max_new_tokens=default,

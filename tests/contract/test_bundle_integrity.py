@@ -35,7 +35,9 @@ def test_manifest_describes_the_bundle(tiny_bundle, tiny_checkpoint):
     config = json.loads((tiny_checkpoint / "config.json").read_text())
     assert data["format"] == "seqserve-bundle" and data["format_version"] == FORMAT_VERSION
     assert data["model"] == config
-    assert data["special_tokens"] == {k: config[k] for k in ("pad_id", "bos_id", "eos_id", "unk_id")}
+    assert data["special_tokens"] == {k: config[k] for k in ("pad_id", "bos_id", "eos_id", "unk_id",
+                                                             "decoder_start_id")}
+    assert config["decoder_start_id"] == config["bos_id"]  # the seeds' decoder starts from <s>
     assert data["tokenizer"]["file"] == "tokenizer.json"
     n = config["n_decoder_layers"]
     inplace = {"inputs": names.decoder_inplace_inputs(n), "outputs": names.decoder_inplace_outputs(n)}

@@ -103,7 +103,7 @@ CASES = [
     ("d_model-string", _set("model.d_model", "64"), "model.d_model must be an integer, got a string '64'"),
     ("corrupt-tokenizer", _corrupt_tokenizer, "tokenizer.json: not a usable tokenizer"),
     ("n_heads-mismatch", _set("model.n_heads", 8), "but the manifest's model.n_heads is 8"),
-    ("eos-disagrees", _eos_5, "special_tokens.eos_id=5 but tokenizer.json has id 2 for that token"),
+    ("eos-disagrees", _eos_5, "special_tokens.eos_id=5 is not a special token of the tokenizer"),
     ("absolute-path", _set("tokenizer.file", "/etc/passwd"),
      "tokenizer.file must be a path inside the bundle directory (relative, no '..'), got '/etc/passwd'"),
     ("dotdot-path", _set("variants.fp32.decoder.file", "../../decoder.onnx"),

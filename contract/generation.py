@@ -1,0 +1,274 @@
+"""A model's decoding defaults, read from Hugging Face's generation_config.json (json and dataclasses only).
+
+`seqserve import` reads them with `from_generation_config`, the manifest records `to_dict()`, the server reads them
+back with `from_dict` and serves them as the model's defaults, each overridable per request.
+
+Decisions (what a transformers user expects from `model.generate(**inputs)` with no arguments):
+  * max_length counts the decoder start token, as in transformers: max_new_tokens = max_length - 1 (an explicit
+    max_new_tokens wins); absent both, transformers' default max_length 20 applies. min_length likewise.
+  * bad_words_ids may ban single tokens only (a logits mask); a multi-token sequence is refused.
+  * renormalize_logits: the log-probabilities are renormalised after masking (bad words, min length, forced tokens),
+    which changes beam scores; it is recorded so the engine can honour it.
+  * An option that changes the output and that seqserve does not implement (no_repeat_ngram_size, diverse beam
+    groups, suppress_tokens, ...) is refused when set to anything but transformers' default, naming the field;
+    an unknown field is refused too. Options with no effect on the tokens (output_scores, use_cache, ...) are ignored.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+GENERATION_CONFIG = "generation_config.json"
+HF_DEFAULT_MAX_LENGTH = 20  # transformers' GenerationConfig default when neither max_length nor max_new_tokens is set
+# Token-id fields that transformers also reads from config.json when generation_config.json leaves them out.
+ID_FIELDS = ("decoder_start_token_id", "eos_token_id", "pad_token_id", "bos_token_id", "forced_bos_token_id",
+             "forced_eos_token_id")
+# Fields that do not change the generated tokens (outputs, caching, compilation, bookkeeping).
+IGNORED = frozenset({
+    "transformers_version", "_from_model_config", "use_cache", "output_attentions", "output_hidden_states",
+    "output_scores", "output_logits", "return_dict_in_generate", "return_legacy_cache", "cache_implementation",
+    "cache_config", "compile_config", "disable_compile", "remove_invalid_values", "is_assistant",
+    "num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold",
+    "prompt_lookup_num_tokens", "max_matching_ngram_size", "assistant_early_exit", "assistant_lookbehind",
+    "target_lookbehind", "trust_remote_code", "decoder_start_token_ids", "low_memory",
+})
+# Options that change the tokens and that seqserve does not implement: refused unless at transformers' default.
+UNSUPPORTED = {
+    "no_repeat_ngram_size": 0, "encoder_no_repeat_ngram_size": 0, "num_beam_groups": 1, "diversity_penalty": 0.0,
+    "penalty_alpha": None, "typical_p": 1.0, "epsilon_cutoff": 0.0, "eta_cutoff": 0.0, "min_p": None,
+    "encoder_repetition_penalty": 1.0, "suppress_tokens": None, "begin_suppress_tokens": None,
+    "forced_decoder_ids": None, "sequence_bias": None, "constraints": None, "force_words_ids": None,
+    "exponential_decay_length_penalty": None, "guidance_scale": None, "max_time": None, "stop_strings": None,
+    "token_healing": False, "dola_layers": None, "watermarking_config": None, "top_h": None,
+}
+
+
+class GenerationConfigError(ValueError):
+    """generation_config.json asks for something seqserve cannot honour: the message names the field."""
+
+
+@dataclass(frozen=True)
+class GenerationDefaults:
+    decoder_start_token_id: int
+    eos_token_id: int
+    pad_token_id: int | None = None
+    bos_token_id: int | None = None
+    max_new_tokens: int = HF_DEFAULT_MAX_LENGTH - 1
+    min_new_tokens: int = 0  # the end token is suppressed until this many tokens were generated
+    num_beams: int = 1
+    num_return_sequences: int = 1
+    length_penalty: float = 1.0  # score = cumulative_logprob / n ** length_penalty (beams)
+    early_stopping: bool = False
+    bad_words_ids: tuple[int, ...] = ()  # never generated (single-token bans)
+    forced_bos_token_id: int | None = None  # the first generated token
+    forced_eos_token_id: int | None = None  # the token generated at max_new_tokens when nothing ended before
+    renormalize_logits: bool = False
+    repetition_penalty: float = 1.0
+    do_sample: bool = False
+    temperature: float = 1.0  # used only with do_sample
+    top_k: int = 50  # used only with do_sample; 0 = off
+    top_p: float = 1.0  # used only with do_sample
+
+    def __post_init__(self) -> None:
+        problems = _range_problems(self)
+        if problems:
+            raise GenerationConfigError("; ".join(problems))
+
+    def to_dict(self) -> dict:
+        data = asdict(self)
+        data["bad_words_ids"] = list(self.bad_words_ids)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict) -> GenerationDefaults:
+        """Reads to_dict()'s output back (the manifest's copy), checking every field's type."""
+        if not isinstance(data, dict):
+            raise GenerationConfigError(f"generation defaults must be an object, got {type(data).__name__}")
+        known = {f.name: f for f in fields(cls)}
+        unknown = sorted(set(data) - set(known))
+        if unknown:
+            raise GenerationConfigError(f"unknown generation default(s) {unknown}")
+        values = {}
+        for name, value in data.items():
+            kind = _KIND[name]
+            if name == "bad_words_ids":
+                if not isinstance(value, list) or not all(_is_int(v) for v in value):
+                    raise GenerationConfigError("bad_words_ids: must be a list of token ids")
+                value = tuple(value)
+            elif not _has_kind(value, kind):
+                raise GenerationConfigError(f"{name}: must be {kind}, got {value!r}")
+            elif kind == "float":
+                value = float(value)
+            values[name] = value
+        missing = [name for name in ("decoder_start_token_id", "eos_token_id") if name not in values]
+        if missing:
+            raise GenerationConfigError(f"missing generation default(s) {missing}")
+        return cls(**values)
+
+
+def load(hf_dir: str | Path) -> GenerationDefaults:
+    """generation_config.json of a Hugging Face model directory, with config.json's token ids as fallback."""
+    hf_dir = Path(hf_dir)
+    generation = _read(hf_dir / GENERATION_CONFIG)
+    model = _read(hf_dir / "config.json") if (hf_dir / "config.json").is_file() else {}
+    try:
+        return from_generation_config(generation, model)
+    except GenerationConfigError as exc:
+        raise GenerationConfigError(f"{hf_dir / GENERATION_CONFIG}: {exc}") from None
+
+
+def from_generation_config(generation: dict, model_config: dict | None = None) -> GenerationDefaults:
+    """transformers' generation config (a dict) -> GenerationDefaults; refuses what seqserve cannot honour."""
+    if not isinstance(generation, dict):
+        raise GenerationConfigError("must be a JSON object")
+    data = {k: v for k, v in generation.items() if k not in IGNORED}
+    for name in ID_FIELDS:  # transformers falls back to the model config for these
+        if data.get(name) is None and model_config and model_config.get(name) is not None:
+            data[name] = model_config[name]
+    for name, default in UNSUPPORTED.items():
+        value = data.pop(name, None)
+        if value not in (None, default, []):
+            raise GenerationConfigError(f"{name}={value!r} is not supported by seqserve (transformers' default is "
+                                        f"{default!r}; remove the field to serve the model without it)")
+    out: dict = {}
+    out["decoder_start_token_id"] = _token(data.pop("decoder_start_token_id", None), "decoder_start_token_id",
+                                           required=True)
+    out["eos_token_id"] = _single_token(data.pop("eos_token_id", None), "eos_token_id", required=True)
+    for name in ("pad_token_id", "bos_token_id", "forced_bos_token_id"):
+        out[name] = _token(data.pop(name, None), name)
+    out["forced_eos_token_id"] = _single_token(data.pop("forced_eos_token_id", None), "forced_eos_token_id")
+    max_length = data.pop("max_length", None)
+    max_new = data.pop("max_new_tokens", None)
+    if max_new is not None:
+        out["max_new_tokens"] = _integer(max_new, "max_new_tokens", 1)
+    else:
+        # max_length counts the decoder start token
+        out["max_new_tokens"] = _integer(HF_DEFAULT_MAX_LENGTH if max_length is None else max_length,
+                                         "max_length", 2) - 1
+    min_length, min_new = data.pop("min_length", None), data.pop("min_new_tokens", None)
+    if min_new is not None:
+        out["min_new_tokens"] = _integer(min_new, "min_new_tokens", 0)
+    elif min_length is not None:
+        out["min_new_tokens"] = max(0, _integer(min_length, "min_length", 0) - 1)
+    bad = data.pop("bad_words_ids", None)
+    if bad is not None:
+        out["bad_words_ids"] = _bad_words(bad)
+    early = data.pop("early_stopping", False)
+    if early == "never":
+        raise GenerationConfigError("early_stopping='never' is not supported (true or false)")
+    if not isinstance(early, bool):
+        raise GenerationConfigError(f"early_stopping: must be true or false, got {early!r}")
+    out["early_stopping"] = early
+    for name in ("renormalize_logits", "do_sample"):
+        value = data.pop(name, False)
+        if not isinstance(value, bool):
+            raise GenerationConfigError(f"{name}: must be true or false, got {value!r}")
+        out[name] = value
+    for name in ("num_beams", "num_return_sequences", "top_k"):
+        if name in data:
+            out[name] = _integer(data.pop(name), name, 0 if name == "top_k" else 1)
+    for name in ("length_penalty", "repetition_penalty", "temperature", "top_p"):
+        if name in data:
+            value = data.pop(name)
+            if not _is_number(value):
+                raise GenerationConfigError(f"{name}: must be a number, got {value!r}")
+            out[name] = float(value)
+    if data:
+        raise GenerationConfigError(f"unknown field(s) {sorted(data)}: seqserve cannot tell whether it honours them")
+    defaults = GenerationDefaults(**out)
+    if defaults.num_beams > 1 and defaults.repetition_penalty != 1.0:
+        raise GenerationConfigError("repetition_penalty with num_beams > 1 is not supported")
+    if defaults.num_beams > 1 and defaults.do_sample:
+        raise GenerationConfigError("do_sample with num_beams > 1 (beam sampling) is not supported")
+    return defaults
+
+
+def _read(path: Path) -> dict:
+    if not path.is_file():
+        raise GenerationConfigError(f"{path}: missing")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise GenerationConfigError(f"{path}: not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise GenerationConfigError(f"{path}: must be a JSON object")
+    return data
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value) -> bool:
+    return (_is_int(value) or isinstance(value, float)) and math.isfinite(value)
+
+
+def _integer(value, name: str, minimum: int) -> int:
+    if not _is_int(value) or value < minimum:
+        raise GenerationConfigError(f"{name}: must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def _token(value, name: str, required: bool = False) -> int | None:
+    if value is None:
+        if required:
+            raise GenerationConfigError(f"{name}: missing (in generation_config.json and config.json)")
+        return None
+    return _integer(value, name, 0)
+
+
+def _single_token(value, name: str, required: bool = False) -> int | None:
+    """transformers allows a list of ids; seqserve ends on one token, so a list must name one id."""
+    if isinstance(value, list):
+        if len(set(value)) != 1:
+            raise GenerationConfigError(f"{name}={value!r}: several end tokens are not supported (one id)")
+        value = value[0]
+    return _token(value, name, required)
+
+
+def _bad_words(value) -> tuple[int, ...]:
+    if not isinstance(value, list) or not all(isinstance(seq, list) and seq for seq in value):
+        raise GenerationConfigError(f"bad_words_ids: must be a list of lists of token ids, got {value!r}")
+    longer = [seq for seq in value if len(seq) > 1]
+    if longer:
+        raise GenerationConfigError(f"bad_words_ids: multi-token sequences such as {longer[0]!r} are not supported "
+                                    "(single tokens only)")
+    return tuple(_integer(seq[0], "bad_words_ids", 0) for seq in value)
+
+
+_KIND = {"decoder_start_token_id": "int", "eos_token_id": "int", "pad_token_id": "int|None", "bos_token_id": "int|None",
+         "max_new_tokens": "int", "min_new_tokens": "int", "num_beams": "int", "num_return_sequences": "int",
+         "length_penalty": "float", "early_stopping": "bool", "bad_words_ids": "list",
+         "forced_bos_token_id": "int|None",
+         "forced_eos_token_id": "int|None", "renormalize_logits": "bool", "repetition_penalty": "float",
+         "do_sample": "bool", "temperature": "float", "top_k": "int", "top_p": "float"}
+
+
+def _has_kind(value, kind: str) -> bool:
+    if kind.endswith("|None") and value is None:
+        return True
+    base = kind.split("|")[0]
+    return {"int": _is_int, "float": _is_number, "bool": lambda v: isinstance(v, bool)}[base](value)
+
+
+def _range_problems(d: GenerationDefaults) -> list[str]:
+    checks = [
+        (d.decoder_start_token_id >= 0, "decoder_start_token_id must be >= 0"),
+        (d.eos_token_id >= 0, "eos_token_id must be >= 0"),
+        (all(v is None or v >= 0 for v in (d.pad_token_id, d.bos_token_id, d.forced_bos_token_id,
+                                           d.forced_eos_token_id)), "token ids must be >= 0"),
+        (d.max_new_tokens >= 1, "max_new_tokens must be >= 1"),
+        (0 <= d.min_new_tokens <= d.max_new_tokens, "min_new_tokens must be in [0, max_new_tokens]"),
+        (d.num_beams >= 1, "num_beams must be >= 1"),
+        (1 <= d.num_return_sequences <= d.num_beams, "num_return_sequences must be in [1, num_beams]"),
+        (math.isfinite(d.length_penalty), "length_penalty must be finite"),
+        (d.repetition_penalty > 0 and math.isfinite(d.repetition_penalty), "repetition_penalty must be > 0"),
+        (d.temperature >= 0 and math.isfinite(d.temperature), "temperature must be >= 0"),
+        (d.top_k >= 0, "top_k must be >= 0"),
+        (0 < d.top_p <= 1, "top_p must be in (0, 1]"),
+        (all(t >= 0 for t in d.bad_words_ids), "bad_words_ids must be >= 0"),
+        (d.eos_token_id not in d.bad_words_ids, "bad_words_ids must not ban eos_token_id"),
+    ]
+    return [message for ok, message in checks if not ok]

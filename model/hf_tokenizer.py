@@ -1,0 +1,182 @@
+"""A Hugging Face model directory's tokenizer as ONE `tokenizers` tokenizer.json, so the server needs neither
+transformers nor sentencepiece.
+
+The result encodes a source exactly as the original tokenizer does, special tokens included (Marian: the source
+sentencepiece model mapped through vocab.json, then </s>; BART: <s> ... </s>), and decodes generated ids exactly as
+the original's `decode(ids, skip_special_tokens=True)`, also one id at a time through `tokenizers.decoders.
+DecodeStream` (tests/model/test_hf_tokenizer.py holds both against transformers). The end-of-source token comes
+from the tokenizer's own post-processor, so the manifest needs no flag for it.
+
+transformers, sentencepiece and protobuf are imported inside the functions: only `seqserve import` needs them.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+
+MARIAN, BART = "marian", "bart"
+FAMILIES = (MARIAN, BART)
+SPIECE_UNDERLINE = "▁"
+# Python's str.strip() removes exactly these (str.isspace); MarianTokenizer.convert_tokens_to_string ends with it.
+_PY_WHITESPACE = "".join(c for c in map(chr, range(0x110000)) if c.isspace())
+# A vocab.json piece the source sentencepiece model never emits (specials, target-only pieces): far below every
+# real score, so Unigram takes it only where sentencepiece itself would find no other segmentation.
+_NEVER_SCORE_BELOW = 1000.0
+
+
+class TokenizerImportError(ValueError):
+    """A tokenizer that cannot be converted exactly: the message names the file and the field."""
+
+
+def convert(hf_dir: str | Path) -> Tokenizer:
+    """The model directory's tokenizer (config.json's model_type picks the family) as one `tokenizers` Tokenizer."""
+    hf_dir = Path(hf_dir)
+    family = model_type(hf_dir)
+    if family == MARIAN:
+        return marian_tokenizer(hf_dir)
+    if family == BART:
+        return bart_tokenizer(hf_dir)
+    raise TokenizerImportError(f"{hf_dir / 'config.json'}: model_type {family!r} has no tokenizer conversion "
+                               f"(supported: {', '.join(FAMILIES)})")
+
+
+def save(hf_dir: str | Path, out: str | Path) -> Path:
+    """Converts and writes tokenizer.json to out (a file path)."""
+    out = Path(out)
+    convert(hf_dir).save(str(out))
+    return out
+
+
+def model_type(hf_dir: Path) -> str:
+    return str(_read_json(hf_dir / "config.json").get("model_type"))
+
+
+def _read_json(path: Path) -> dict:
+    if not path.is_file():
+        raise TokenizerImportError(f"{path}: missing")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise TokenizerImportError(f"{path}: not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise TokenizerImportError(f"{path}: must be a JSON object")
+    return data
+
+
+# -- Marian -----------------------------------------------------------------------------------------------------
+
+def marian_tokenizer(hf_dir: Path) -> Tokenizer:
+    """MarianTokenizer (transformers 5, a Python tokenizer over sentencepiece) rebuilt as a Unigram tokenizer.
+
+    Encoding: the source.spm's normalizer (its precompiled nmt_nfkc map), whitespace runs collapsed and trimmed,
+    pieces chosen by the source model's scores, each piece's id read from vocab.json (which orders pieces unlike
+    sentencepiece: opus-mt has </s> 0, <unk> 1, <pad> last), then </s>. Decoding: the pieces joined, '▁' as a space,
+    and the result stripped, as MarianTokenizer.convert_tokens_to_string does.
+    """
+    config = _read_json(hf_dir / "tokenizer_config.json") if (hf_dir / "tokenizer_config.json").is_file() else {}
+    for flag in ("separate_vocabs", "clean_up_tokenization_spaces"):
+        if config.get(flag):
+            raise TokenizerImportError(f"{hf_dir / 'tokenizer_config.json'}: {flag}=true is not supported")
+    vocab = _read_json(hf_dir / "vocab.json")
+    specials = {name: config.get(name, default) for name, default in
+                (("eos_token", "</s>"), ("unk_token", "<unk>"), ("pad_token", "<pad>"))}
+    specials = {name: token["content"] if isinstance(token, dict) else str(token) for name, token in specials.items()}
+    for name, token in specials.items():
+        if token not in vocab:
+            raise TokenizerImportError(f"{hf_dir / 'vocab.json'}: no entry for {name} {token!r}")
+    if any(piece.startswith(">>") and piece.endswith("<<") for piece in vocab):
+        raise TokenizerImportError(f"{hf_dir / 'vocab.json'}: target-language codes (>>xx<<) are not supported yet")
+    proto = _spm_proto(hf_dir / "source.spm")
+    pieces = _unigram_vocab(hf_dir, proto, vocab)
+    tok = Tokenizer(models.Unigram(pieces, unk_id=vocab[specials["unk_token"]], byte_fallback=False))
+    tok.normalizer = _spm_normalizer(hf_dir / "source.spm", proto)
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement=SPIECE_UNDERLINE, prepend_scheme="always", split=True)
+    tok.decoder = decoders.Sequence([
+        decoders.Replace(SPIECE_UNDERLINE, " "),
+        decoders.Fuse(),  # one string, so the strip below acts on the whole text as str.strip() does
+        decoders.Replace(Regex(f"^[{_PY_WHITESPACE}]+|[{_PY_WHITESPACE}]+$"), ""),
+    ])
+    # The Python tokenizer splits its special tokens out of the text before sentencepiece sees it.
+    tok.add_special_tokens([AddedToken(specials[name], special=True, normalized=False)
+                            for name in ("eos_token", "unk_token", "pad_token")])
+    eos = specials["eos_token"]
+    tok.post_processor = processors.TemplateProcessing(single=f"$A {eos}", pair=f"$A $B {eos}",
+                                                       special_tokens=[(eos, vocab[eos])])
+    tok.no_padding()
+    tok.no_truncation()
+    return tok
+
+
+def _spm_proto(path: Path):
+    if not path.is_file():
+        raise TokenizerImportError(f"{path}: missing")
+    from google.protobuf.message import DecodeError
+    from sentencepiece import sentencepiece_model_pb2
+
+    proto = sentencepiece_model_pb2.ModelProto()
+    try:
+        proto.ParseFromString(path.read_bytes())
+    except DecodeError:
+        raise TokenizerImportError(f"{path}: not a sentencepiece model") from None
+    spec, norm = proto.trainer_spec, proto.normalizer_spec
+    unsupported = {
+        "trainer_spec.model_type (only unigram)": spec.model_type != 1,
+        "trainer_spec.byte_fallback": spec.byte_fallback,
+        "normalizer_spec.add_dummy_prefix=false": not norm.add_dummy_prefix,
+        "normalizer_spec.remove_extra_whitespaces=false": not norm.remove_extra_whitespaces,
+        "normalizer_spec.escape_whitespaces=false": not norm.escape_whitespaces,
+        "denormalizer_spec (a decoding rule set)": bool(proto.denormalizer_spec.precompiled_charsmap),
+    }
+    refused = [name for name, bad in unsupported.items() if bad]
+    if refused:
+        raise TokenizerImportError(f"{path}: {', '.join(refused)} is not supported")
+    return proto
+
+
+def _unigram_vocab(hf_dir: Path, proto, vocab: dict[str, int]) -> list[tuple[str, float]]:
+    """(piece, score) in vocab.json's id order; every piece the source model can emit must be in vocab.json
+    (MarianTokenizer would map a missing one to <unk>, which a Unigram model cannot express)."""
+    ids = sorted(vocab.values())
+    if ids != list(range(len(vocab))):
+        raise TokenizerImportError(f"{hf_dir / 'vocab.json'}: ids must be 0..{len(vocab) - 1}, each once")
+    normal = {p.piece: p.score for p in proto.pieces if p.type in (1, 4)}  # NORMAL, USER_DEFINED
+    missing = sorted(set(normal) - set(vocab))
+    if missing:
+        raise TokenizerImportError(f"{hf_dir / 'vocab.json'}: {len(missing)} piece(s) of source.spm are missing, "
+                                   f"e.g. {missing[:3]}")
+    never = min(normal.values(), default=0.0) - _NEVER_SCORE_BELOW
+    by_id = sorted(vocab.items(), key=lambda item: item[1])
+    return [(piece, normal.get(piece, never)) for piece, _ in by_id]
+
+
+def _spm_normalizer(path: Path, proto) -> normalizers.Normalizer:
+    """sentencepiece's normalization: its character map, then whitespace trimmed and runs collapsed (the dummy
+    prefix comes from the Metaspace pre-tokenizer)."""
+    steps = [normalizers.Strip(left=True, right=True), normalizers.Replace(Regex(" {2,}"), " ")]
+    charsmap = proto.normalizer_spec.precompiled_charsmap
+    if charsmap:
+        steps.insert(0, normalizers.Precompiled(charsmap))
+    return normalizers.Sequence(steps)
+
+
+# -- BART -------------------------------------------------------------------------------------------------------
+
+def bart_tokenizer(hf_dir: Path) -> Tokenizer:
+    """BART's tokenizer is a byte-level BPE that transformers 5 already runs on `tokenizers` (BartTokenizer is
+    RobertaTokenizer): its backend, post-processor <s> $A </s> included, is the tokenizer."""
+    for name in ("vocab.json", "merges.txt"):
+        if not (hf_dir / name).is_file() and not (hf_dir / "tokenizer.json").is_file():
+            raise TokenizerImportError(f"{hf_dir / name}: missing (and no tokenizer.json)")
+    from transformers import AutoTokenizer
+
+    original = AutoTokenizer.from_pretrained(str(hf_dir))
+    backend = getattr(original, "backend_tokenizer", None)
+    if backend is None:
+        raise TokenizerImportError(f"{hf_dir}: transformers loaded {type(original).__name__}, which has no "
+                                   "`tokenizers` backend")
+    tok = Tokenizer.from_str(backend.to_str())
+    tok.no_padding()
+    tok.no_truncation()
+    return tok

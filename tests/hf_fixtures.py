@@ -1,0 +1,256 @@
+"""Tiny random-weight Hugging Face models in `save_pretrained` form, built here (the hub is unreachable), and a
+corpus of real strings to test tokenizers on.
+
+`build_marian(dir)` / `build_bart(dir)` write config.json, generation_config.json, model.safetensors and the
+tokenizer files of a model laid out like opus-mt (Marian) or facebook/bart (BART), with a tokenizer trained here:
+sentencepiece for Marian, a byte-level BPE from `tokenizers` for BART. Seeded and deterministic; the default sizes
+build in seconds. `build_marian(dir, MARIAN_BASE)` is opus-mt's size, for benchmarks only.
+
+`real_strings()` is >= 1,000 real strings: number sentences in four languages (model/verbalise.py), English
+sentences from the Python standard library's docstrings, and odd cases (whitespace runs, NBSP, emoji, CJK,
+combining marks, the empty string). The tokenizers are trained on `training_strings()`, a part of it.
+transformers, sentencepiece and torch are imported inside the functions, so importing this module costs nothing.
+"""
+from __future__ import annotations
+
+import io
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+SEED = 0
+MARIAN, BART = "marian", "bart"
+FAMILIES = (MARIAN, BART)
+# Odd inputs a tokenizer must encode exactly as the original does (whitespace runs, invisible characters, scripts
+# and symbols the tokenizers never saw in training).
+ODD_STRINGS = (
+    "", " ", "  ", "\t", "\n", "a", " leading space", "trailing space ", "  both  ", "two  spaces inside",
+    "tab\tinside", "new\nline", "carriage\r\nreturn", "mixed \t \n whitespace", "non\u00a0breaking\u00a0space",
+    "narrow\u202fno-break", "zero\u200bwidth", "em\u2003space", "ideographic\u3000space", "Straße und Fuß",
+    "Ärger über Öl", "café crème brûlée", "¿Dónde está el baño? ¡Mañana!", "Ça va, garçon ?",
+    "cafe\u0301 (combining acute)", "ﬁ ligature", "ｆｕｌｌｗｉｄｔｈ",
+    "日本語のテキスト", "中文句子。", "한국어 문장", "Привет, мир!", "Γειά σου κόσμε", "שלום עולם", "مرحبا بالعالم",
+    "emoji 😀 here", "flags 🇫🇷🇩🇪", "family 👨‍👩‍👧", "math ∑ x² ≤ ∞", "quotes “curly” ‘single’ «guillemets»",
+    "dash – and — and ‐", "ellipsis… and ...", "price: 12,50 € / $3.99 / £7", "C:\\path\\to\\file.txt",
+    "https://example.com/a?b=c&d=e#f", "<html> & </html>", "{\"json\": [1, 2.5, null]}", "1234567890",
+    "ALL CAPS SENTENCE.", "MiXeD cAsE", "tab at end\t", "\tleading tab", "punctuation!!!???", "a,b;c:d.e",
+    "trailing newline\n", "   ", "control\x07char", "soft\u00adhyphen", "right-to-left \u200fmark",
+)
+
+
+@dataclass(frozen=True)
+class HfSize:
+    d_model: int = 32
+    layers: int = 2  # encoder and decoder each
+    heads: int = 4
+    ffn: int = 64
+    vocab: int = 600  # the tokenizer's target size (sentencepiece may stop a little short of it)
+    max_positions: int = 128
+    # Weights larger than transformers' default init (0.02) so a random model's output depends on its input (with
+    # the default, every source of the tiny model decodes to the same repeated token).
+    init_std: float = 0.3
+
+
+TINY = HfSize()
+LOGITS_BIAS_STD = 0.05  # final_logits_bias: small beside the logits, but not zero
+# opus-mt's size; a smaller init than TINY's keeps activations moderate at d_model 512
+MARIAN_BASE = HfSize(d_model=512, layers=6, heads=8, ffn=2048, vocab=32_000, max_positions=512, init_std=0.08)
+
+
+def real_strings() -> list[str]:
+    """>= 1,000 distinct real strings, deterministic wherever Python 3.11 runs (see the module docstring)."""
+    seen: dict[str, None] = {}
+    for text in [*_verbalised(SEED, 400), *_docstring_sentences(), *ODD_STRINGS]:
+        seen.setdefault(text)
+    return list(seen)
+
+
+def training_strings() -> list[str]:
+    """The part of real_strings the tokenizers are trained on: every other one, so half the tests are unseen."""
+    return [s for s in real_strings()[::2] if s.strip()]
+
+
+def target_texts(n: int = 200) -> list[str]:
+    """Real target-side sentences (number words in four languages) whose ids test decoding."""
+    return [target for _, target in _pairs(SEED + 1, n)]
+
+
+def _pairs(seed: int, n: int) -> list[tuple[str, str]]:
+    from seqserve.model.corpus import KINDS, LANGS, make_example
+
+    rng = random.Random(seed)
+    return [make_example(rng, rng.choice(LANGS), rng.choice(KINDS)) for _ in range(n)]
+
+
+def _verbalised(seed: int, n: int) -> list[str]:
+    return [text for pair in _pairs(seed, n) for text in pair]
+
+
+def _docstring_sentences(limit: int = 900) -> list[str]:
+    """English lines from the docstrings of builtins and a few stdlib modules, in a fixed order."""
+    import builtins
+    import collections
+    import itertools
+    import json as json_module
+    import os
+    import re
+    import string
+    import textwrap
+
+    lines: list[str] = []
+    for owner in (builtins, str, bytes, list, dict, set, int, float, os.path, re, json_module, collections,
+                  itertools, textwrap, string):
+        for name in sorted(dir(owner)):
+            doc = getattr(getattr(owner, name, None), "__doc__", None)
+            if not isinstance(doc, str):
+                continue
+            for line in doc.splitlines():
+                line = line.strip()
+                if 20 <= len(line) <= 200 and any(c.isalpha() for c in line):
+                    lines.append(line)
+    return list(dict.fromkeys(lines))[:limit]
+
+
+# -- Marian (opus-mt layout) ------------------------------------------------------------------------------------
+
+def _train_sentencepiece(texts: list[str], vocab: int) -> bytes:
+    import sentencepiece as spm
+
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(texts), model_writer=model, vocab_size=vocab, model_type="unigram",
+        character_coverage=1.0, hard_vocab_limit=False, num_threads=1, seed_sentencepiece_size=100_000,
+        minloglevel=2,
+    )
+    return model.getvalue()
+
+
+def _marian_vocab(spm_bytes: bytes) -> dict[str, int]:
+    """opus-mt's vocab.json order: </s> 0, <unk> 1, the pieces, <pad> last (unlike sentencepiece's own ids, so the
+    import must map pieces through vocab.json)."""
+    import sentencepiece as spm
+
+    sp = spm.SentencePieceProcessor(model_proto=spm_bytes)
+    pieces = [sp.id_to_piece(i) for i in range(sp.get_piece_size())]
+    ordered = ["</s>", "<unk>"] + [p for p in pieces if p not in ("<unk>", "<s>", "</s>")] + ["<pad>"]
+    return {piece: i for i, piece in enumerate(ordered)}
+
+
+def build_marian(directory: str | Path, size: HfSize = TINY, seed: int = SEED) -> Path:
+    import torch
+    from transformers import GenerationConfig, MarianConfig, MarianMTModel, MarianTokenizer
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    spm_bytes = _train_sentencepiece(training_strings(), min(size.vocab, TINY.vocab))
+    for name in ("source.spm", "target.spm"):  # one joint model, as many opus-mt pairs ship
+        (directory / name).write_bytes(spm_bytes)
+    vocab = _marian_vocab(spm_bytes)
+    if size.vocab > len(vocab):  # a benchmark model: pad the vocabulary to its size with pieces never emitted
+        vocab = _pad_vocab(vocab, size.vocab)
+    (directory / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False, indent=2))
+    pad, eos = vocab["<pad>"], vocab["</s>"]
+    config = MarianConfig(
+        vocab_size=len(vocab), d_model=size.d_model, encoder_layers=size.layers, decoder_layers=size.layers,
+        encoder_attention_heads=size.heads, decoder_attention_heads=size.heads, encoder_ffn_dim=size.ffn,
+        decoder_ffn_dim=size.ffn, max_position_embeddings=size.max_positions, activation_function="swish",
+        scale_embedding=True, pad_token_id=pad, eos_token_id=eos, bos_token_id=eos, decoder_start_token_id=pad,
+        forced_eos_token_id=eos, share_encoder_decoder_embeddings=True, tie_word_embeddings=True,
+        init_std=size.init_std, dropout=0.1, attention_dropout=0.0, activation_dropout=0.0,
+    )
+    torch.manual_seed(seed)
+    model = MarianMTModel(config).eval()
+    with torch.no_grad():
+        model.get_input_embeddings().weight[pad].zero_()  # opus-mt's pad row is zero (it is the decoder start)
+        model.final_logits_bias.normal_(0.0, LOGITS_BIAS_STD, generator=torch.Generator().manual_seed(seed))
+    model.generation_config = GenerationConfig(
+        bad_words_ids=[[pad]], bos_token_id=eos, decoder_start_token_id=pad, eos_token_id=eos,
+        forced_eos_token_id=eos, max_length=min(size.max_positions, 512), num_beams=4, pad_token_id=pad,
+        renormalize_logits=True,
+    )
+    model.save_pretrained(directory)
+    files = [str(directory / name) for name in ("source.spm", "target.spm", "vocab.json")]
+    tokenizer = MarianTokenizer(*files, source_lang="en", target_lang="de", model_max_length=size.max_positions)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+def _pad_vocab(vocab: dict[str, int], size: int) -> dict[str, int]:
+    """Grows vocab.json to size entries with pieces the sentencepiece model never emits; <pad> stays last."""
+    pieces = [p for p in sorted(vocab, key=vocab.get) if p != "<pad>"]
+    pieces += [f"▁unused{i}" for i in range(size - len(pieces) - 1)]
+    return {piece: i for i, piece in enumerate([*pieces, "<pad>"])}
+
+
+# -- BART (facebook/bart layout) ---------------------------------------------------------------------------------
+
+BART_SPECIALS = ("<s>", "<pad>", "</s>", "<unk>")  # ids 0..3 as in facebook/bart-*; <mask> is the last id
+
+
+def _train_byte_level_bpe(texts: list[str], vocab: int):
+    from tokenizers import ByteLevelBPETokenizer
+
+    tok = ByteLevelBPETokenizer(add_prefix_space=False, trim_offsets=True)
+    tok.train_from_iterator(texts, vocab_size=vocab, min_frequency=2, special_tokens=list(BART_SPECIALS),
+                            show_progress=False)
+    return tok
+
+
+def build_bart(directory: str | Path, size: HfSize = TINY, seed: int = SEED) -> Path:
+    import torch
+    from transformers import BartConfig, BartForConditionalGeneration, BartTokenizer, GenerationConfig
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    bpe = _train_byte_level_bpe(training_strings(), size.vocab)
+    bpe.save_model(str(directory))  # vocab.json, merges.txt
+    tokenizer = BartTokenizer(vocab=str(directory / "vocab.json"), merges=str(directory / "merges.txt"),
+                              model_max_length=size.max_positions)
+    tokenizer.add_special_tokens({"mask_token": "<mask>"})
+    tokenizer.save_pretrained(directory)
+    bos, pad, eos = (tokenizer.convert_tokens_to_ids(t) for t in ("<s>", "<pad>", "</s>"))
+    config = BartConfig(
+        vocab_size=len(tokenizer), d_model=size.d_model, encoder_layers=size.layers, decoder_layers=size.layers,
+        encoder_attention_heads=size.heads, decoder_attention_heads=size.heads, encoder_ffn_dim=size.ffn,
+        decoder_ffn_dim=size.ffn, max_position_embeddings=size.max_positions, activation_function="gelu",
+        scale_embedding=False, pad_token_id=pad, bos_token_id=bos, eos_token_id=eos, decoder_start_token_id=eos,
+        forced_bos_token_id=bos, forced_eos_token_id=eos, tie_word_embeddings=True, init_std=size.init_std,
+    )
+    torch.manual_seed(seed)
+    model = BartForConditionalGeneration(config).eval()
+    with torch.no_grad():
+        model.final_logits_bias.normal_(0.0, LOGITS_BIAS_STD, generator=torch.Generator().manual_seed(seed))
+    model.generation_config = GenerationConfig(
+        bos_token_id=bos, decoder_start_token_id=eos, eos_token_id=eos, forced_bos_token_id=bos,
+        forced_eos_token_id=eos, pad_token_id=pad, num_beams=4, max_length=min(size.max_positions, 62),
+        min_length=0, length_penalty=2.0, early_stopping=True, no_repeat_ngram_size=0,
+    )
+    model.save_pretrained(directory)
+    return directory
+
+
+BUILDERS = {MARIAN: build_marian, BART: build_bart}
+
+
+def build(family: str, directory: str | Path, size: HfSize = TINY, seed: int = SEED) -> Path:
+    return BUILDERS[family](directory, size, seed)
+SIZES = {"tiny": TINY, "base": MARIAN_BASE}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python tests/hf_fixtures.py marian DIR --size base`: the benchmark's opus-mt-size random model."""
+    import argparse
+
+    p = argparse.ArgumentParser(description=main.__doc__)
+    p.add_argument("family", choices=FAMILIES)
+    p.add_argument("out", help="directory to write the save_pretrained files to")
+    p.add_argument("--size", choices=sorted(SIZES), default="tiny")
+    p.add_argument("--seed", type=int, default=SEED)
+    args = p.parse_args(argv)
+    print(build(args.family, args.out, SIZES[args.size], args.seed))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
