@@ -32,7 +32,9 @@ def test_healthcheck_passes_while_serving_and_fails_while_draining(tiny_bundle, 
                                         options=pb.DecodingOptions(max_new_tokens=30, min_new_tokens=30))
         with ThreadPoolExecutor(3) as pool:
             calls = [pool.submit(replica.stub.GenerateBatch, batch, timeout=120) for _ in range(3)]
-            wait_until(lambda: replica.count("seqserve_running_requests") > 0, 30, "the batches to run")
+            # every input of the three calls is in the server before the drain (a call still arriving is refused)
+            wait_until(lambda: replica.count("seqserve_running_requests") + replica.count("seqserve_waiting_requests")
+                       == 3 * len(batch.inputs), 30, "the batches to arrive")
             replica.process.send_signal(15)  # SIGTERM: the drain begins
             wait_until(lambda: check(replica.address, timeout=1) == "NOT_SERVING", 10, "the drain")
             draining = _healthcheck(replica.address)
