@@ -29,12 +29,13 @@ def test_healthcheck_passes_while_serving_and_fails_while_draining(tiny_bundle, 
         serving = _healthcheck(replica.address)
         assert (serving.returncode, serving.stdout.strip()) == (0, "SERVING"), serving.stderr
         batch = pb.GenerateBatchRequest(inputs=heldout_inputs(tiny_bundle, 64),
-                                        options=pb.DecodingOptions(max_new_tokens=30, min_new_tokens=30))
+                                        options=pb.DecodingOptions(max_new_tokens=40, min_new_tokens=40))
         with ThreadPoolExecutor(3) as pool:
             calls = [pool.submit(replica.stub.GenerateBatch, batch, timeout=120) for _ in range(3)]
             # every input of the three calls is in the server before the drain (a call still arriving is refused)
             wait_until(lambda: replica.count("seqserve_running_requests") + replica.count("seqserve_waiting_requests")
-                       == 3 * len(batch.inputs), 30, "the batches to arrive")
+                       + replica.count("seqserve_finished_requests_total", reason="length") == 3 * len(batch.inputs),
+                       30, "the batches to arrive")
             replica.process.send_signal(15)  # SIGTERM: the drain begins
             wait_until(lambda: check(replica.address, timeout=1) == "NOT_SERVING", 10, "the drain")
             draining = _healthcheck(replica.address)
