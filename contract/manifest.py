@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from seqserve.contract import graph_check, names, schema
+from seqserve.contract.generation import GenerationConfigError, GenerationDefaults
 
 FORMAT = "seqserve-bundle"
 FORMAT_VERSION = 1
@@ -59,7 +60,7 @@ class Manifest:
     max_new_tokens: int  # the longest generation the model was validated for
     heldout: dict | None = None  # file entry of HELDOUT
     training: dict = field(default_factory=dict)
-    generation: dict = field(default_factory=dict)  # the model's decoding defaults (schema.GENERATION), e.g. num_beams
+    generation: dict = field(default_factory=dict)  # GenerationDefaults.to_dict() of an imported model, or {}
     versions: dict = field(default_factory=dict)
     format: str = FORMAT
     format_version: int = FORMAT_VERSION
@@ -132,6 +133,11 @@ def _check_schema(path: Path, data) -> None:
         schema.manifest_schema(VARIANTS).check(data, "")
     except schema.SchemaError as exc:
         raise BundleError(f"{path}: {exc}") from None
+    if data.get("generation"):
+        try:
+            GenerationDefaults.from_dict(data["generation"])
+        except GenerationConfigError as exc:
+            raise BundleError(f"{path}: generation: {exc}") from None
     problems = schema.cross_field_problems(data)
     if problems:
         raise BundleError(f"{path}: {'; '.join(problems)}")

@@ -1,17 +1,17 @@
 """`seqserve import`: a Hugging Face model directory (save_pretrained form) -> a seqserve checkpoint.
 
-Reads config.json, generation_config.json, model.safetensors (or its shards) and the tokenizer files; writes
-config.json (ModelConfig with the family's architecture options), model.safetensors (our names), tokenizer.json
-(one Hugging Face `tokenizers` file), generation.json (the model's decoding defaults) and metrics.json (what was
-imported: the file a finished checkpoint has). Weights are read with safetensors only: nothing loads a pickle, and
-transformers is not needed here (checks/hf_parity.py compares against it).
+Reads config.json, generation_config.json (contract/generation.py), model.safetensors (or its shards) and the
+tokenizer files (model/hf_tokenizer.py); writes config.json (ModelConfig with the family's architecture options),
+model.safetensors (our names), tokenizer.json (one Hugging Face `tokenizers` file), generation.json (the model's
+GenerationDefaults) and metrics.json (what was imported: the file a finished checkpoint has). Weights are read with
+safetensors only: nothing loads a pickle, and transformers is not needed here (checks/hf_parity.py compares against
+it).
 
 Every refusal is an ImportRefused (a ValueError: `seqserve import` exits 2) naming the file and the field.
 """
 from __future__ import annotations
 
 import json
-import math
 import shutil
 import sys
 from dataclasses import dataclass
@@ -21,8 +21,11 @@ import torch
 from safetensors import safe_open
 from tqdm import tqdm
 
+from seqserve.contract.generation import GenerationConfigError, GenerationDefaults
+from seqserve.contract.generation import load as load_generation
 from seqserve.model import checkpoint as ck
 from seqserve.model.config import ModelConfig
+from seqserve.model.hf_tokenizer import bart_tokenizer, convert
 from seqserve.model.transformer import Transformer
 
 HF_CONFIG, HF_GENERATION, HF_WEIGHTS = "config.json", "generation_config.json", "model.safetensors"
@@ -46,6 +49,13 @@ class Family:
     norm_first: bool  # pre-LN with a final LayerNorm on each stack (mBART)
     embed_norm: bool  # layernorm_embedding
 
+    @property
+    def legacy(self) -> dict[str, bool]:
+        """Switches older config.json files carry (transformers 3's): the value this family's class implements."""
+        return {"static_position_embeddings": self.positions != "learned", "normalize_embedding": self.embed_norm,
+                "normalize_before": self.norm_first, "add_final_layer_norm": self.norm_first,
+                "add_bias_logits": False}
+
 
 FAMILIES = {
     "marian": Family("sinusoidal_halves", 0, norm_first=False, embed_norm=False),
@@ -53,25 +63,6 @@ FAMILIES = {
     "mbart": Family("learned", 2, norm_first=True, embed_norm=True),
 }
 ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "silu": "silu", "swish": "silu"}
-# Legacy config keys that would change the architecture: the value each family's class implements.
-FIXED = {"normalize_embedding": False, "add_bias_logits": False, "static_position_embeddings": False,
-         "add_final_layer_norm": None, "normalize_before": None}
-
-# generation_config.json: the fields served as request defaults (manifest "generation"), the ones that are only
-# bookkeeping, and the ones with a default this engine implements (any other value is refused).
-SERVED = ("num_beams", "max_length", "min_length", "length_penalty", "early_stopping", "bad_words_ids",
-          "forced_bos_token_id", "forced_eos_token_id", "decoder_start_token_id", "renormalize_logits")
-BOOKKEEPING = {"bos_token_id", "eos_token_id", "pad_token_id", "transformers_version", "_from_model_config",
-               "use_cache", "output_attentions", "output_hidden_states", "output_scores", "output_logits",
-               "return_dict_in_generate", "max_new_tokens", "min_new_tokens", "cache_implementation"}
-SAMPLING_ONLY = {"temperature", "top_k", "top_p", "typical_p", "epsilon_cutoff", "eta_cutoff", "min_p"}
-UNSUPPORTED_DEFAULTS = {"do_sample": False, "no_repeat_ngram_size": 0, "encoder_no_repeat_ngram_size": 0,
-                        "num_beam_groups": 1, "diversity_penalty": 0.0, "repetition_penalty": 1.0,
-                        "encoder_repetition_penalty": 1.0, "num_return_sequences": 1, "forced_decoder_ids": None,
-                        "suppress_tokens": None, "begin_suppress_tokens": None, "sequence_bias": None,
-                        "exponential_decay_length_penalty": None, "constraints": None, "force_words_ids": None,
-                        "penalty_alpha": None, "max_time": None, "stop_strings": None, "remove_invalid_values": False,
-                        "low_memory": None, "guidance_scale": None, "watermarking_config": None}
 
 
 def _read_json(path: Path) -> dict:
@@ -95,7 +86,8 @@ def read_hf_config(hf_dir: Path) -> tuple[str, dict]:
     return model_type, config
 
 
-def model_config(hf_dir: Path, model_type: str, config: dict, unk_id: int, generation: dict) -> ModelConfig:
+def model_config(hf_dir: Path, model_type: str, config: dict, unk_id: int,
+                 generation: GenerationDefaults) -> ModelConfig:
     """The ModelConfig of a Hugging Face config.json (every option checked: what we cannot honour is refused)."""
     where = hf_dir / HF_CONFIG
     family = FAMILIES[model_type]
@@ -109,10 +101,10 @@ def model_config(hf_dir: Path, model_type: str, config: dict, unk_id: int, gener
         if need(key) != need(want):
             raise ImportRefused(f"{where}: {key}={config[key]} differs from {want}={config[want]}; seqserve's "
                                 "encoder and decoder share one width")
-    for key, want in FIXED.items():
-        if key in config and config[key] not in (want, None) and not (model_type == "mbart" and key in (
-                "normalize_before", "add_final_layer_norm") and config[key] is True):
-            raise ImportRefused(f"{where}: {key}={config[key]!r} is not supported for model_type {model_type}")
+    for key, want in family.legacy.items():  # transformers 5 ignores these; a value that disagrees is a model
+        if config.get(key) is not None and config[key] != want:  # the family's class would not compute
+            raise ImportRefused(f"{where}: {key}={config[key]!r} is not supported for model_type {model_type} "
+                                f"(its architecture has {key}={want})")
     activation = need("activation_function")
     if activation not in ACTIVATIONS:
         raise ImportRefused(f"{where}: activation_function {activation!r} is not supported; supported: "
@@ -126,9 +118,10 @@ def model_config(hf_dir: Path, model_type: str, config: dict, unk_id: int, gener
             raise ImportRefused(f"{where}: {key} must be a number")
     eos = _single_id(where, "eos_token_id", need("eos_token_id"))
     pad = need("pad_token_id")
-    start = generation.get("decoder_start_token_id", config.get("decoder_start_token_id"))
-    if start is None:
-        raise ImportRefused(f"{where}: decoder_start_token_id is missing (in {HF_GENERATION} and {HF_CONFIG})")
+    start = generation.decoder_start_token_id  # generation_config.json's, else config.json's
+    if generation.eos_token_id != eos:
+        raise ImportRefused(f"{hf_dir / HF_GENERATION}: eos_token_id={generation.eos_token_id} differs from "
+                            f"{HF_CONFIG}'s {eos}; seqserve's model has one end token")
     bos = config.get("bos_token_id")
     if bos is None or bos in (eos, unk_id):  # Marian has no <s>: its start token stands for one
         bos = start
@@ -155,43 +148,6 @@ def _single_id(where: Path, key: str, value) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise ImportRefused(f"{where}: {key} must be a token id, got {value!r}")
     return value
-
-
-def generation_defaults(hf_dir: Path, config: dict) -> dict:
-    """generation_config.json (or, without one, the generation fields of config.json, as transformers falls back)
-    -> the defaults seqserve serves; a field whose value this engine cannot honour is refused."""
-    path = hf_dir / HF_GENERATION
-    source = _read_json(path) if path.is_file() else {k: config[k] for k in SERVED if k in config}
-    where = path if path.is_file() else hf_dir / HF_CONFIG
-    sampling = bool(source.get("do_sample", False))
-    out: dict = {}
-    for key, value in source.items():
-        if key in SERVED:
-            if value is not None:
-                out[key] = value
-        elif key in BOOKKEEPING or (key in SAMPLING_ONLY and not sampling):
-            continue
-        elif key in UNSUPPORTED_DEFAULTS:
-            if value != UNSUPPORTED_DEFAULTS[key] and not (value in (None, []) and not UNSUPPORTED_DEFAULTS[key]):
-                raise ImportRefused(f"{where}: {key}={value!r} is not supported (seqserve implements "
-                                    f"{UNSUPPORTED_DEFAULTS[key]!r}); remove it to serve the model without it")
-        else:
-            raise ImportRefused(f"{where}: {key} is not a generation option seqserve knows; remove it to import")
-    if source.get("max_new_tokens") is not None:  # HF: max_new_tokens wins over max_length
-        out["max_length"] = int(source["max_new_tokens"]) + 1  # max_length counts the decoder start token
-    if source.get("min_new_tokens") is not None:
-        out["min_length"] = int(source["min_new_tokens"]) + 1
-    for key in ("forced_bos_token_id", "forced_eos_token_id"):
-        if key in out:
-            out[key] = _single_id(where, key, out[key])
-    if any(not isinstance(seq, list) or len(seq) != 1 for seq in out.get("bad_words_ids", [])):
-        raise ImportRefused(f"{where}: bad_words_ids={out['bad_words_ids']!r}: only single-token entries are "
-                            "supported")
-    if out.get("early_stopping") not in (None, True, False):
-        raise ImportRefused(f"{where}: early_stopping={out['early_stopping']!r} is not supported (true or false)")
-    if "length_penalty" in out and not math.isfinite(float(out["length_penalty"])):
-        raise ImportRefused(f"{where}: length_penalty must be finite")
-    return out
 
 
 def _weight_files(hf_dir: Path) -> list[Path]:
@@ -300,19 +256,20 @@ def map_weights(hf_dir: Path, cfg: ModelConfig, tensors: dict[str, torch.Tensor]
 
 
 def _tokenizer(hf_dir: Path):
-    """(one `tokenizers` Tokenizer equal to the model's own, the id of its unknown token)."""
-    from tokenizers import Tokenizer
-
-    path = hf_dir / "tokenizer.json"
-    if not path.is_file():
-        raise ImportRefused(f"{path}: missing")
-    tok = Tokenizer.from_file(str(path))
+    """(one `tokenizers` Tokenizer equal to the model's own (model/hf_tokenizer.py), the id of its unknown token)."""
+    if read_hf_config(hf_dir)[0] == "mbart":  # the architecture is mBART's; only a byte-level BPE tokenizer converts
+        if not (hf_dir / "merges.txt").is_file():
+            raise ImportRefused(f"{hf_dir}: mBART's sentencepiece tokenizer has no conversion to tokenizer.json here "
+                                "(a byte-level BPE one, vocab.json + merges.txt as BART's, has)")
+        tok = bart_tokenizer(hf_dir)
+    else:
+        tok = convert(hf_dir)
     settings = hf_dir / "tokenizer_config.json"
     unk = (_read_json(settings).get("unk_token") if settings.is_file() else None) or "<unk>"
     unk = unk.get("content") if isinstance(unk, dict) else unk
     unk_id = tok.token_to_id(unk)
     if unk_id is None:
-        raise ImportRefused(f"{settings}: unk_token {unk!r} is not in {path.name}")
+        raise ImportRefused(f"{settings}: unk_token {unk!r} is not in the tokenizer's vocabulary")
     return tok, unk_id
 
 
@@ -323,7 +280,10 @@ def import_model(hf_dir: str | Path, out: str | Path, progress: bool = True) -> 
         raise ImportRefused(f"{hf_dir}: not a directory")
     model_type, config = read_hf_config(hf_dir)
     files = _weight_files(hf_dir)  # refuses a missing or pickle-only checkpoint before the tokenizer's work
-    generation = generation_defaults(hf_dir, config)
+    try:
+        generation = load_generation(hf_dir)
+    except GenerationConfigError as exc:
+        raise ImportRefused(str(exc)) from None
     tokenizer, unk_id = _tokenizer(hf_dir)
     cfg = model_config(hf_dir, model_type, config, unk_id, generation)
     if tokenizer.get_vocab_size() > cfg.vocab_size:
@@ -334,7 +294,7 @@ def import_model(hf_dir: str | Path, out: str | Path, progress: bool = True) -> 
     cfg.save(out / ck.CONFIG)
     ck.save_weights(model, out / ck.WEIGHTS)
     tokenizer.save(str(out / ck.TOKENIZER))
-    ck.write_json_atomic(out / ck.GENERATION, generation)
+    ck.write_json_atomic(out / ck.GENERATION, generation.to_dict())
     for name in ("README.md", "LICENSE"):  # a model's terms travel with it
         if (hf_dir / name).is_file():
             shutil.copyfile(hf_dir / name, out / name)

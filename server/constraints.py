@@ -19,11 +19,8 @@ class Constraints:
 
     @classmethod
     def from_generation(cls, generation: dict) -> "Constraints":
-        """From the manifest's generation defaults (checked by contract/schema.py GENERATION)."""
-        bad = generation.get("bad_words_ids") or []
-        if any(len(seq) != 1 for seq in bad):
-            raise ValueError(f"generation.bad_words_ids: only single-token entries are supported, got {bad}")
-        return cls(tuple(int(seq[0]) for seq in bad), generation.get("forced_bos_token_id"),
+        """From the manifest's generation (GenerationDefaults.to_dict(): bad_words_ids are single token ids)."""
+        return cls(tuple(int(t) for t in generation.get("bad_words_ids", ())), generation.get("forced_bos_token_id"),
                    generation.get("forced_eos_token_id"), bool(generation.get("renormalize_logits", False)))
 
     @property

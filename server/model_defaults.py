@@ -1,7 +1,8 @@
-"""A model's own decoding defaults (the manifest's "generation", from its generation_config.json) as the defaults of
-requests that leave an option unset: num_beams, max_new_tokens (max_length - 1: HF counts the decoder start token),
-min_new_tokens (min_length - 1), length_penalty, early_stopping. The token rules (bad words, forced BOS/EOS) are
-server/constraints.py's; they hold for every request."""
+"""A model's own decoding defaults (the manifest's "generation": contract/generation.py's GenerationDefaults, from
+its generation_config.json) as the values of request fields left unset: max_new_tokens, min_new_tokens, num_beams,
+num_return_sequences, length_penalty, early_stopping, and with do_sample its temperature, top_k, top_p and
+repetition_penalty. The token rules (bad words, forced BOS/EOS) are server/constraints.py's: they hold for every
+request."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -11,7 +12,7 @@ from seqserve.server.request import SamplingParams
 
 def default_max_new_tokens(generation: dict) -> int | None:
     """max_new_tokens of a request that leaves it unset, as the model says (None: the server's own default)."""
-    return generation["max_length"] - 1 if generation.get("max_length", 0) > 1 else None
+    return generation.get("max_new_tokens")
 
 
 def request_defaults(generation: dict, max_new_tokens: int, max_num_beams: int) -> SamplingParams:
@@ -19,10 +20,14 @@ def request_defaults(generation: dict, max_new_tokens: int, max_num_beams: int) 
     defaults = SamplingParams(max_new_tokens=max_new_tokens)
     if not generation:
         return defaults
-    return replace(defaults, num_beams=min(int(generation.get("num_beams", 1)), max_num_beams),
-                   min_new_tokens=min(max(int(generation.get("min_length", 0)) - 1, 0), max_new_tokens),
-                   length_penalty=float(generation.get("length_penalty", 1.0)),
-                   early_stopping=bool(generation.get("early_stopping", False)))
+    g = generation
+    beams = min(int(g.get("num_beams", 1)), max_num_beams)
+    sampled = dict(temperature=float(g.get("temperature", 1.0)), top_k=int(g.get("top_k", 0)),
+                   top_p=float(g.get("top_p", 1.0))) if g.get("do_sample") else {}
+    return replace(defaults, num_beams=beams, num_return_sequences=min(int(g.get("num_return_sequences", 1)), beams),
+                   min_new_tokens=min(int(g.get("min_new_tokens", 0)), max_new_tokens),
+                   length_penalty=float(g.get("length_penalty", 1.0)), early_stopping=bool(g.get("early_stopping")),
+                   repetition_penalty=float(g.get("repetition_penalty", 1.0)), **sampled)
 
 
 def info_entries(generation: dict) -> dict[str, str]:

@@ -58,7 +58,7 @@ def _beam_params(o: pb.DecodingOptions, limits: Limits, repetition_penalty: floa
     plain = o.temperature == 0 and not o.stop and repetition_penalty == 1
     beams, most = o.num_beams or (defaults.num_beams if plain else 1), limits.max_num_beams
     _check(beams <= most, f"options.num_beams must be in [1, {most}] (max_num_beams), got {beams}")
-    n = o.num_return_sequences or 1
+    n = o.num_return_sequences or min(defaults.num_return_sequences, beams)
     _check(n <= beams, f"options.num_return_sequences must be in [1, num_beams={beams}], got {n}")
     penalty = o.length_penalty if o.HasField("length_penalty") else defaults.length_penalty
     _check(math.isfinite(penalty), f"options.length_penalty must be finite, got {penalty:g}")
@@ -206,15 +206,19 @@ class GenerationService(pb_grpc.GenerationServicer):
         cap = self.limits.max_new_tokens
         max_new = o.max_new_tokens if o.HasField("max_new_tokens") else self.defaults.max_new_tokens
         min_new = o.min_new_tokens or min(self.defaults.min_new_tokens, max_new)
+        if self.engine.constraints.forced_eos is not None:  # the forced end token wins over min_length, as in HF
+            min_new = min(min_new, max_new - 1)
         _check(1 <= max_new <= cap, f"options.max_new_tokens must be in [1, {cap}], got {max_new}")
         _check(min_new <= max_new,
                f"options.min_new_tokens must be at most max_new_tokens ({max_new}), got {min_new}")
-        _check(math.isfinite(o.temperature) and o.temperature >= 0,
-               f"options.temperature must be finite and >= 0, got {o.temperature:g}")
-        _check(o.top_k >= 0, f"options.top_k must be >= 0 (0 = disabled), got {o.top_k}")
-        top_p = o.top_p if o.HasField("top_p") else 1.0
+        d = self.defaults  # the model's (a sampling model's temperature and top_k apply while the request's are 0)
+        temperature, top_k = o.temperature or d.temperature, o.top_k or d.top_k
+        _check(math.isfinite(temperature) and temperature >= 0,
+               f"options.temperature must be finite and >= 0, got {temperature:g}")
+        _check(top_k >= 0, f"options.top_k must be >= 0 (0 = disabled), got {top_k}")
+        top_p = o.top_p if o.HasField("top_p") else d.top_p
         _check(0 < top_p <= 1, f"options.top_p must be in (0, 1], got {top_p:g}")
-        penalty = o.repetition_penalty if o.HasField("repetition_penalty") else 1.0
+        penalty = o.repetition_penalty if o.HasField("repetition_penalty") else d.repetition_penalty
         _check(math.isfinite(penalty) and penalty > 0, f"options.repetition_penalty must be finite and > 0, "
                                                        f"got {penalty:g}")
         most = self.limits.max_stop_strings
@@ -227,8 +231,8 @@ class GenerationService(pb_grpc.GenerationServicer):
             total += size
         _check(total <= self.limits.max_stop_bytes, f"options.stop has {total} bytes in all, more than "
                                                     f"max_stop_bytes={self.limits.max_stop_bytes}")
-        return dict(max_new_tokens=max_new, min_new_tokens=min_new, temperature=float(o.temperature),
-                    top_k=o.top_k, top_p=float(top_p), repetition_penalty=float(penalty), stop=tuple(o.stop),
+        return dict(max_new_tokens=max_new, min_new_tokens=min_new, temperature=float(temperature),
+                    top_k=top_k, top_p=float(top_p), repetition_penalty=float(penalty), stop=tuple(o.stop),
                     seed=o.seed if o.HasField("seed") else None, **_beam_params(o, self.limits, penalty, self.defaults))
 
     def _new_request(self, call: Call, text: str, field: str, params: dict, stream: bool) -> Request:
