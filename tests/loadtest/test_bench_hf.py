@@ -17,7 +17,9 @@ def prepared(tmp_path_factory):
     pytest.importorskip("transformers")
     pytest.importorskip("ctranslate2")
     hf_dir = hf_fixtures.build_marian(tmp_path_factory.mktemp("marian"))  # no tokenizer.json: import converts it
-    made = hf_models.prepare(hf_dir, tmp_path_factory.mktemp("bench-hf"), with_ctranslate2=True, progress=False)
+    made, refused = hf_models.prepare(hf_dir, tmp_path_factory.mktemp("bench-hf"), with_ctranslate2=True,
+                                      progress=False)
+    assert refused is None and made.ctranslate2_dir is not None
     return hf_dir, made
 
 
