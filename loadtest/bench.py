@@ -74,7 +74,8 @@ def _models(cfg: BenchConfig, stack: ExitStack, skipped: list[str]) -> tuple[Pat
     convert = _converter(cfg, skipped)
     if cfg.hf_dir is not None:
         work = cfg.shape_dir or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="seqserve-bench-hf-")))
-        made = hf_models.prepare(cfg.hf_dir, work, convert is not None, cfg.progress)
+        made, refused = hf_models.prepare(cfg.hf_dir, work, convert is not None, cfg.progress)
+        skipped += [refused] if refused else []
         return made.checkpoint, made.bundle, made.ctranslate2_dir
     if cfg.random:
         work = cfg.shape_dir or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="seqserve-bench-shape-")))

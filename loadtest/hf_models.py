@@ -9,6 +9,7 @@ long, as `--shape base` has: a random-weight model gives no meaning to real text
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -21,24 +22,33 @@ from seqserve.model.hf_import import import_model
 MARKER = "hf.json"  # what a prepared directory holds; reused only when this matches exactly
 
 
-def prepare(hf_dir: str | Path, work_dir: str | Path, with_ctranslate2: bool, progress: bool = True) -> Prepared:
+def prepare(hf_dir: str | Path, work_dir: str | Path, with_ctranslate2: bool,
+            progress: bool = True) -> tuple[Prepared, str | None]:
     """checkpoint/, bundle/ (fp32 + int8) and, when asked, ctranslate2/ under work_dir; reused when work_dir was
-    prepared from the same directory (same config.json and weights size) before."""
+    prepared from the same directory (same config.json and weights size) before. The second value says why there
+    is no CTranslate2 model when its converter refused the directory (then ctranslate2_dir is None)."""
     hf_dir, work_dir = Path(hf_dir), Path(work_dir)
     weights = sorted(hf_dir.glob("*.safetensors"))
     marker = {"hf_dir": str(hf_dir.resolve()), "config": json.loads((hf_dir / "config.json").read_text()),
               "weights_bytes": sum(p.stat().st_size for p in weights), "ctranslate2": with_ctranslate2}
     ct2 = work_dir / "ctranslate2" if with_ctranslate2 else None
     done = Prepared(work_dir / "checkpoint", work_dir / "bundle", ct2)
-    if _read(work_dir / MARKER) == marker:
-        return done
+    recorded = _read(work_dir / MARKER) or {}
+    if {k: v for k, v in recorded.items() if k != "ctranslate2_refused"} == marker:
+        refused = recorded.get("ctranslate2_refused")
+        return (replace(done, ctranslate2_dir=None), refused) if refused else (done, None)
     (work_dir / MARKER).unlink(missing_ok=True)
     import_model(hf_dir, done.checkpoint, progress=progress)
     export_bundle(done.checkpoint, done.bundle, int8=True, progress=progress)
+    refused = None
     if with_ctranslate2:
-        convert_with_ctranslate2(hf_dir, done.ctranslate2_dir)
-    ck.write_json_atomic(work_dir / MARKER, marker)  # last: a half-prepared directory is never reused
-    return done
+        try:
+            convert_with_ctranslate2(hf_dir, done.ctranslate2_dir)
+        except (AttributeError, KeyError, NotImplementedError, ValueError) as exc:  # a config it does not know
+            refused = f"CTranslate2 rows: its TransformersConverter cannot convert {hf_dir}: {exc}"
+            done = replace(done, ctranslate2_dir=None)
+    ck.write_json_atomic(work_dir / MARKER, {**marker, **({"ctranslate2_refused": refused} if refused else {})})
+    return done, refused  # the marker last: a half-prepared directory is never reused
 
 
 def convert_with_ctranslate2(hf_dir: Path, out: Path) -> Path:

@@ -16,12 +16,10 @@ SOURCES, FORCED = 6, 10
 def prepared(tmp_path_factory):
     pytest.importorskip("transformers")
     pytest.importorskip("ctranslate2")
-    from seqserve.model import hf_tokenizer
-
-    hf_dir = hf_fixtures.build_marian(tmp_path_factory.mktemp("marian"))
-    if not (hf_dir / "tokenizer.json").is_file():  # until `seqserve import` converts a Marian tokenizer itself
-        hf_tokenizer.save(hf_dir, hf_dir / "tokenizer.json")
-    made = hf_models.prepare(hf_dir, tmp_path_factory.mktemp("bench-hf"), with_ctranslate2=True, progress=False)
+    hf_dir = hf_fixtures.build_marian(tmp_path_factory.mktemp("marian"))  # no tokenizer.json: import converts it
+    made, refused = hf_models.prepare(hf_dir, tmp_path_factory.mktemp("bench-hf"), with_ctranslate2=True,
+                                      progress=False)
+    assert refused is None and made.ctranslate2_dir is not None
     return hf_dir, made
 
 
