@@ -24,7 +24,8 @@ from seqserve.contract.generation import GenerationConfigError, GenerationDefaul
 from seqserve.contract.generation import load as load_generation
 from seqserve.model import checkpoint as ck
 from seqserve.model.config import ModelConfig
-from seqserve.model.hf_tokenizer import bart_tokenizer, convert
+from seqserve.contract.languages import LANGUAGES_FILE, Languages
+from seqserve.model.hf_tokenizer import TokenizerImportError, convert_multilingual
 from seqserve.model.transformer import Transformer
 
 HF_CONFIG, HF_GENERATION, HF_WEIGHTS = "config.json", "generation_config.json", "model.safetensors"
@@ -45,14 +46,16 @@ class Family:
 
     positions: str
     position_offset: int
-    norm_first: bool  # pre-LN with a final LayerNorm on each stack (mBART)
+    norm_first: bool  # pre-LN with a final LayerNorm on each stack (mBART, M2M100)
     embed_norm: bool  # layernorm_embedding
+    offset_after_pad: bool = False  # position 0 is row pad_token_id + 1 (fairseq's make_positions: M2M100, NLLB)
 
 
 FAMILIES = {
     "marian": Family("sinusoidal_halves", 0, norm_first=False, embed_norm=False),
     "bart": Family("learned", 2, norm_first=False, embed_norm=True),
     "mbart": Family("learned", 2, norm_first=True, embed_norm=True),
+    "m2m_100": Family("sinusoidal_fairseq", 0, norm_first=True, embed_norm=False, offset_after_pad=True),
 }
 ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "silu": "silu", "swish": "silu"}
 # Legacy config keys that would change the architecture: the value each family's class implements.
@@ -96,7 +99,7 @@ def model_config(hf_dir: Path, model_type: str, config: dict, unk_id: int,
             raise ImportRefused(f"{where}: {key}={config[key]} differs from {want}={config[want]}; seqserve's "
                                 "encoder and decoder share one width")
     for key, want in FIXED.items():
-        if key in config and config[key] not in (want, None) and not (model_type == "mbart" and key in (
+        if key in config and config[key] not in (want, None) and not (family.norm_first and key in (
                 "normalize_before", "add_final_layer_norm") and config[key] is True):
             raise ImportRefused(f"{where}: {key}={config[key]!r} is not supported for model_type {model_type}")
     activation = need("activation_function")
@@ -127,7 +130,7 @@ def model_config(hf_dir: Path, model_type: str, config: dict, unk_id: int,
             d_ff=need("encoder_ffn_dim"), dropout=0.0, max_positions=need("max_position_embeddings"),
             norm_first=family.norm_first, tie_embeddings=tie_embeddings,
             tie_output=bool(config.get("tie_word_embeddings", True)), positions=family.positions,
-            position_offset=family.position_offset, embed_norm=family.embed_norm,
+            position_offset=pad + 1 if family.offset_after_pad else family.position_offset, embed_norm=family.embed_norm,
             activation=ACTIVATIONS[activation], scale_embeddings=bool(config.get("scale_embedding", False)),
             final_logits_bias=True, pad_id=pad, bos_id=bos, eos_id=eos, unk_id=unk_id, decoder_start_id=start)
     except (TypeError, ValueError) as exc:
@@ -250,21 +253,31 @@ def map_weights(hf_dir: Path, cfg: ModelConfig, tensors: dict[str, torch.Tensor]
 
 
 def _tokenizer(hf_dir: Path):
-    """(one `tokenizers` Tokenizer equal to the model's own (model/hf_tokenizer.py), the id of its unknown token)."""
-    if read_hf_config(hf_dir)[0] == "mbart":  # the architecture is mBART's; only a byte-level BPE tokenizer converts
-        if not (hf_dir / "merges.txt").is_file():
-            raise ImportRefused(f"{hf_dir}: mBART's sentencepiece tokenizer has no conversion to tokenizer.json here "
-                                "(a byte-level BPE one, vocab.json + merges.txt as BART's, has)")
-        tok = bart_tokenizer(hf_dir)
-    else:
-        tok = convert(hf_dir)
+    """(one `tokenizers` Tokenizer equal to the model's own (model/hf_tokenizer.py), the id of its unknown token,
+    the model's languages or None)."""
+    try:
+        tok, languages = convert_multilingual(hf_dir)
+    except TokenizerImportError as exc:
+        raise ImportRefused(str(exc)) from None
     settings = hf_dir / "tokenizer_config.json"
     unk = (_read_json(settings).get("unk_token") if settings.is_file() else None) or "<unk>"
     unk = unk.get("content") if isinstance(unk, dict) else unk
     unk_id = tok.token_to_id(unk)
     if unk_id is None:
         raise ImportRefused(f"{settings}: unk_token {unk!r} is not in the tokenizer's vocabulary")
-    return tok, unk_id
+    return tok, unk_id, languages
+
+
+def _write_languages(hf_dir: Path, out: Path, cfg: ModelConfig, languages: Languages | None) -> None:
+    """languages.json for a multilingual model (each language token inside the model's vocabulary)."""
+    (out / LANGUAGES_FILE).unlink(missing_ok=True)
+    if languages is None:
+        return
+    outside = [code for code, token in languages.codes.items() if token >= cfg.vocab_size]
+    if outside:
+        raise ImportRefused(f"{hf_dir / HF_CONFIG}: vocab_size={cfg.vocab_size} leaves out the token(s) of language "
+                            f"code(s) {outside[:3]}")
+    ck.write_json_atomic(out / LANGUAGES_FILE, languages.to_dict())
 
 
 def import_model(hf_dir: str | Path, out: str | Path, progress: bool = True) -> ModelConfig:
@@ -278,7 +291,7 @@ def import_model(hf_dir: str | Path, out: str | Path, progress: bool = True) -> 
         generation = load_generation(hf_dir)
     except GenerationConfigError as exc:
         raise ImportRefused(str(exc)) from None
-    tokenizer, unk_id = _tokenizer(hf_dir)
+    tokenizer, unk_id, languages = _tokenizer(hf_dir)
     cfg = model_config(hf_dir, model_type, config, unk_id, generation)
     if tokenizer.get_vocab_size() > cfg.vocab_size:
         raise ImportRefused(f"{hf_dir}: the tokenizer has {tokenizer.get_vocab_size()} tokens, more than "
@@ -289,6 +302,7 @@ def import_model(hf_dir: str | Path, out: str | Path, progress: bool = True) -> 
     ck.save_weights(model, out / ck.WEIGHTS)
     tokenizer.save(str(out / ck.TOKENIZER))
     ck.write_json_atomic(out / ck.GENERATION, generation.to_dict())
+    _write_languages(hf_dir, out, cfg, languages)
     for name in ("README.md", "LICENSE"):  # a model's terms travel with it
         if (hf_dir / name).is_file():
             shutil.copyfile(hf_dir / name, out / name)

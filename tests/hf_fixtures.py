@@ -1,9 +1,9 @@
 """Tiny random-weight Hugging Face models in `save_pretrained` form, built here (the hub is unreachable), and a
 corpus of real strings to test tokenizers on.
 
-`build_marian(dir)` / `build_bart(dir)` write config.json, generation_config.json, model.safetensors and the
-tokenizer files of a model laid out like opus-mt (Marian) or facebook/bart (BART), with a tokenizer trained here:
-sentencepiece for Marian, a byte-level BPE from `tokenizers` for BART. Seeded and deterministic; the default sizes
+`build_marian(dir)` / `build_bart(dir)` / `build_m2m100(dir)` / `build_mbart50(dir)` write config.json, generation_config.json, model.safetensors and the
+tokenizer files of a model laid out like opus-mt (Marian), facebook/bart (BART), facebook/m2m100 or facebook/mbart-large-50, with a tokenizer
+trained here: sentencepiece for Marian, M2M100 and mBART-50, a byte-level BPE from `tokenizers` for BART. Seeded and deterministic; the default sizes
 build in seconds. `build_marian(dir, MARIAN_BASE)` is opus-mt's size, for benchmarks only.
 
 `real_strings()` is >= 1,000 real strings: number sentences in four languages (model/verbalise.py), English
@@ -20,8 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 SEED = 0
-MARIAN, BART = "marian", "bart"
-FAMILIES = (MARIAN, BART)
+MARIAN, BART, M2M100, MBART50 = "marian", "bart", "m2m_100", "mbart50"
+FAMILIES = (MARIAN, BART, M2M100, MBART50)
+MULTILINGUAL = (M2M100, MBART50)
 # Odd inputs a tokenizer must encode exactly as the original does (whitespace runs, invisible characters, scripts
 # and symbols the tokenizers never saw in training).
 ODD_STRINGS = (
@@ -230,7 +231,93 @@ def build_bart(directory: str | Path, size: HfSize = TINY, seed: int = SEED) -> 
     return directory
 
 
-BUILDERS = {MARIAN: build_marian, BART: build_bart}
+# -- multilingual: M2M100 (facebook/m2m100 layout) and mBART-50 (facebook/mbart-large-50 layout) -------------------
+
+def _fairseq_vocab(spm_bytes: bytes) -> dict[str, int]:
+    """fairseq's dictionary order (M2M100's vocab.json): <s> 0, <pad> 1, </s> 2, <unk> 3, then the pieces."""
+    import sentencepiece as spm
+
+    sp = spm.SentencePieceProcessor(model_proto=spm_bytes)
+    pieces = [sp.id_to_piece(i) for i in range(sp.get_piece_size())]
+    ordered = ["<s>", "<pad>", "</s>", "<unk>"] + [p for p in pieces if p not in ("<unk>", "<s>", "</s>")]
+    return {piece: i for i, piece in enumerate(ordered)}
+
+
+M2M100_MADEUP_WORDS = 8  # M2M100's vocabulary has 8 unused ids after its language tokens
+
+
+def build_m2m100(directory: str | Path, size: HfSize = TINY, seed: int = SEED) -> Path:
+    """M2M100: sentencepiece.bpe.model + vocab.json (fairseq order), 100 language tokens `__xx__` after it, fairseq
+    sinusoidal positions, pre-LN, relu; the target language is forced as the first generated token."""
+    import torch
+    from transformers import GenerationConfig, M2M100Config, M2M100ForConditionalGeneration, M2M100Tokenizer
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    spm_bytes = _train_sentencepiece(training_strings(), size.vocab)
+    (directory / "sentencepiece.bpe.model").write_bytes(spm_bytes)
+    vocab = _fairseq_vocab(spm_bytes)
+    (directory / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False, indent=2))
+    from transformers.models.m2m_100.tokenization_m2m_100 import FAIRSEQ_LANGUAGE_CODES
+
+    # the language tokens are special, as facebook/m2m100's tokenizer_config.json lists them (transformers 5 does
+    # not add them itself)
+    tokenizer = M2M100Tokenizer(str(directory / "vocab.json"), str(directory / "sentencepiece.bpe.model"),
+                                src_lang="en", tgt_lang="fr", model_max_length=size.max_positions,
+                                additional_special_tokens=[f"__{c}__" for c in FAIRSEQ_LANGUAGE_CODES["m2m100"]])
+    tokenizer.save_pretrained(directory)
+    config = M2M100Config(
+        vocab_size=len(vocab) + len(tokenizer.lang_code_to_id) + M2M100_MADEUP_WORDS, d_model=size.d_model,
+        encoder_layers=size.layers, decoder_layers=size.layers, encoder_attention_heads=size.heads,
+        decoder_attention_heads=size.heads, encoder_ffn_dim=size.ffn, decoder_ffn_dim=size.ffn,
+        max_position_embeddings=size.max_positions, activation_function="relu", scale_embedding=True,
+        pad_token_id=1, bos_token_id=0, eos_token_id=2, decoder_start_token_id=2, init_std=size.init_std,
+        encoder_layerdrop=0.0, decoder_layerdrop=0.0,
+    )
+    torch.manual_seed(seed)
+    model = M2M100ForConditionalGeneration(config).eval()
+    model.generation_config = GenerationConfig(bos_token_id=0, decoder_start_token_id=2, eos_token_id=2,
+                                               pad_token_id=1, max_length=min(size.max_positions, 200), num_beams=5,
+                                               early_stopping=True)
+    model.save_pretrained(directory)
+    return directory
+
+
+def build_mbart50(directory: str | Path, size: HfSize = TINY, seed: int = SEED) -> Path:
+    """mBART-50: sentencepiece.bpe.model converted by transformers' MBart50Tokenizer (fairseq ids, then 52 language
+    codes `en_XX`, then <mask>), learned positions + 2, pre-LN with final norms, embedding LayerNorm, gelu."""
+    import torch
+    from transformers import GenerationConfig, MBart50Tokenizer, MBartConfig, MBartForConditionalGeneration
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "sentencepiece.bpe.model").write_bytes(_train_sentencepiece(training_strings(), size.vocab))
+    tokenizer = MBart50Tokenizer.from_pretrained(str(directory), src_lang="en_XX", tgt_lang="ro_RO",
+                                                 model_max_length=size.max_positions)
+    tokenizer.save_pretrained(directory)
+    config = MBartConfig(
+        vocab_size=len(tokenizer), d_model=size.d_model, encoder_layers=size.layers, decoder_layers=size.layers,
+        encoder_attention_heads=size.heads, decoder_attention_heads=size.heads, encoder_ffn_dim=size.ffn,
+        decoder_ffn_dim=size.ffn, max_position_embeddings=size.max_positions, activation_function="gelu",
+        scale_embedding=True, pad_token_id=1, bos_token_id=0, eos_token_id=2, decoder_start_token_id=2,
+        forced_eos_token_id=2, init_std=size.init_std, encoder_layerdrop=0.0, decoder_layerdrop=0.0,
+    )
+    torch.manual_seed(seed)
+    model = MBartForConditionalGeneration(config).eval()
+    with torch.no_grad():
+        model.final_logits_bias.normal_(0.0, LOGITS_BIAS_STD, generator=torch.Generator().manual_seed(seed))
+    model.generation_config = GenerationConfig(bos_token_id=0, decoder_start_token_id=2, eos_token_id=2,
+                                               forced_eos_token_id=2, pad_token_id=1,
+                                               max_length=min(size.max_positions, 200), num_beams=5,
+                                               early_stopping=True)
+    model.save_pretrained(directory)
+    return directory
+
+
+# Source and target languages the multilingual tests use: the model's own codes
+TEST_LANGUAGES = {M2M100: ("en", ("fr", "de", "ja")), MBART50: ("en_XX", ("fr_XX", "de_DE", "ro_RO"))}
+
+BUILDERS = {MARIAN: build_marian, BART: build_bart, M2M100: build_m2m100, MBART50: build_mbart50}
 
 
 def build(family: str, directory: str | Path, size: HfSize = TINY, seed: int = SEED) -> Path:
