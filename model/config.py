@@ -52,8 +52,8 @@ class ModelConfig:
         if self.activation not in ACTIVATIONS:
             raise ValueError(f"activation must be one of {ACTIVATIONS}, got {self.activation!r}")
         if self.position_offset < 0 or (self.position_offset and self.positions not in OFFSET_POSITIONS):
-            raise ValueError(f"position_offset must be >= 0 and only with {' or '.join(OFFSET_POSITIONS)} positions, got "
-                             f"{self.position_offset} with {self.positions!r}")
+            raise ValueError(f"position_offset must be >= 0 and only with {' or '.join(OFFSET_POSITIONS)} positions, "
+                             f"got {self.position_offset} with {self.positions!r}")
         # Resolved once, so to_dict() says exactly what the model does (frozen: set through object.__setattr__).
         if self.tie_output is None:
             object.__setattr__(self, "tie_output", self.tie_embeddings)

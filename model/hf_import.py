@@ -130,7 +130,8 @@ def model_config(hf_dir: Path, model_type: str, config: dict, unk_id: int,
             d_ff=need("encoder_ffn_dim"), dropout=0.0, max_positions=need("max_position_embeddings"),
             norm_first=family.norm_first, tie_embeddings=tie_embeddings,
             tie_output=bool(config.get("tie_word_embeddings", True)), positions=family.positions,
-            position_offset=pad + 1 if family.offset_after_pad else family.position_offset, embed_norm=family.embed_norm,
+            position_offset=pad + 1 if family.offset_after_pad else family.position_offset,
+            embed_norm=family.embed_norm,
             activation=ACTIVATIONS[activation], scale_embeddings=bool(config.get("scale_embedding", False)),
             final_logits_bias=True, pad_id=pad, bos_id=bos, eos_id=eos, unk_id=unk_id, decoder_start_id=start)
     except (TypeError, ValueError) as exc:

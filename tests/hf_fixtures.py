@@ -1,9 +1,10 @@
 """Tiny random-weight Hugging Face models in `save_pretrained` form, built here (the hub is unreachable), and a
 corpus of real strings to test tokenizers on.
 
-`build_marian(dir)` / `build_bart(dir)` / `build_m2m100(dir)` / `build_mbart50(dir)` write config.json, generation_config.json, model.safetensors and the
-tokenizer files of a model laid out like opus-mt (Marian), facebook/bart (BART), facebook/m2m100 or facebook/mbart-large-50, with a tokenizer
-trained here: sentencepiece for Marian, M2M100 and mBART-50, a byte-level BPE from `tokenizers` for BART. Seeded and deterministic; the default sizes
+`build_marian(dir)` / `build_bart(dir)` / `build_m2m100(dir)` / `build_mbart50(dir)` write config.json,
+generation_config.json, model.safetensors and the tokenizer files of a model laid out like opus-mt (Marian),
+facebook/bart (BART), facebook/m2m100 or facebook/mbart-large-50, with a tokenizer trained here: sentencepiece for
+Marian, M2M100 and mBART-50, a byte-level BPE from `tokenizers` for BART. Seeded and deterministic; the default sizes
 build in seconds. `build_marian(dir, MARIAN_BASE)` is opus-mt's size, for benchmarks only.
 
 `real_strings()` is >= 1,000 real strings: number sentences in four languages (model/verbalise.py), English
