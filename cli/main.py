@@ -46,15 +46,16 @@ def _generate(args: argparse.Namespace) -> int:
     if args.timeout is not None and not (math.isfinite(args.timeout) and args.timeout > 0):
         raise ValueError(f"--timeout must be a finite number of seconds > 0, got {args.timeout}")
     decoding = decoding_from_args(args)
+    languages = dict(source_language=args.source_language, target_language=args.target_language)
     with Client(args.server, timeout=args.timeout, connection=connection_from_args(args)) as client:
         try:
             if args.stream:
-                for piece in client.stream(args.input, **decoding):
+                for piece in client.stream(args.input, **languages, **decoding):
                     print(piece.text, end="", flush=True)
                     result = piece.result
                 print()
             else:
-                result = client.generate(args.input, **decoding)
+                result = client.generate(args.input, **languages, **decoding)
                 print(result.text)
         except grpc.RpcError as exc:
             print(f"seqserve generate: error: {exc.code().name}: {exc.details()}", file=sys.stderr)
@@ -82,6 +83,10 @@ def _add_serving_commands(sub) -> None:
     p.add_argument("--server", default="127.0.0.1:50051", help="host:port of the gRPC server")
     p.add_argument("--stream", action="store_true", help="print pieces as they are produced")
     p.add_argument("--timeout", type=float, help="deadline of the call in seconds")
+    p.add_argument("--source-language", default="", metavar="CODE",
+                   help="a multilingual model's source language, in its own codes (fr, fra_Latn, fr_XX)")
+    p.add_argument("--target-language", default="", metavar="CODE",
+                   help="a multilingual model's target language (forced as the first token)")
     add_connection_arguments(p)  # TLS, client certificate, bearer token (docs/security.md)
     add_decoding_arguments(p)  # the proto's option names; unset ones take the server's defaults
     p.set_defaults(func=_generate)

@@ -175,14 +175,20 @@ class Client:
         self.channel = connection.channel(address)
         self.stub = pb_grpc.GenerationStub(self.channel)
 
-    def generate(self, input: str, *, timeout: float | None = None, **decoding) -> Result:
-        m = self.stub.Generate(pb.GenerateRequest(input=input, options=options(**decoding)),
+    def generate(self, input: str, *, timeout: float | None = None, source_language: str = "",
+                 target_language: str = "", **decoding) -> Result:
+        """source_language / target_language: a multilingual model's codes (model_info()["languages"])."""
+        m = self.stub.Generate(pb.GenerateRequest(input=input, options=options(**decoding),
+                                                  source_language=source_language, target_language=target_language),
                                timeout=timeout or self.timeout)
         return _result(m, m.text, list(m.token_ids))
 
-    def stream(self, input: str, *, timeout: float | None = None, **decoding) -> Iterator[Piece]:
+    def stream(self, input: str, *, timeout: float | None = None, source_language: str = "",
+               target_language: str = "", **decoding) -> Iterator[Piece]:
         """Yields pieces as the server produces them; breaking out of the loop cancels the call."""
-        call = self.stub.GenerateStream(pb.GenerateRequest(input=input, options=options(**decoding)),
+        call = self.stub.GenerateStream(pb.GenerateRequest(input=input, options=options(**decoding),
+                                                           source_language=source_language,
+                                                           target_language=target_language),
                                         timeout=timeout or self.timeout)
         text, ids = [], []
         try:
@@ -194,8 +200,11 @@ class Client:
         finally:
             call.cancel()  # no-op once the stream ended; frees the server's row if the caller stopped early
 
-    def generate_batch(self, inputs: list[str], *, timeout: float | None = None, **decoding) -> list[Result]:
-        m = self.stub.GenerateBatch(pb.GenerateBatchRequest(inputs=inputs, options=options(**decoding)),
+    def generate_batch(self, inputs: list[str], *, timeout: float | None = None, source_language: str = "",
+                       target_language: str = "", **decoding) -> list[Result]:
+        m = self.stub.GenerateBatch(pb.GenerateBatchRequest(inputs=inputs, options=options(**decoding),
+                                                            source_language=source_language,
+                                                            target_language=target_language),
                                     timeout=timeout or self.timeout)
         return [_result(r, r.text, list(r.token_ids)) for r in m.results]
 
@@ -204,7 +213,8 @@ class Client:
         return {"config": dict(m.config), "bundle_format_version": m.bundle_format_version, "variant": m.variant,
                 "execution_provider": m.execution_provider, "onnxruntime_version": m.onnxruntime_version,
                 "quality": dict(m.quality), "limits": {f.name: getattr(m.limits, f.name)
-                                                       for f in pb.Limits.DESCRIPTOR.fields}}
+                                                       for f in pb.Limits.DESCRIPTOR.fields},
+                "languages": dict(m.languages), "source_language_placement": m.source_language_placement}
 
     def close(self) -> None:
         self.channel.close()

@@ -35,7 +35,8 @@ class Engine:
         self.metrics = metrics or Metrics()
         special = runner.manifest.special_tokens
         self.eos_id = special["eos_id"]
-        self.constraints = Constraints.from_generation(runner.manifest.generation)  # the model's token rules
+        self.constraints = Constraints.from_generation(  # the model's token rules; a target language per row
+            runner.manifest.generation, per_row_first=bool(runner.manifest.languages))
         self.banned = self.constraints.never_sampled(special)  # never sampled
         self._text: dict[Request, TextStream] = {}  # text of each running request that streams or has stop strings
         self._unsent: dict[Request, tuple[list[int], list[str]]] = {}  # a stream's ids and text not yet emitted
@@ -174,7 +175,7 @@ class Engine:
         lps = {r: log_softmax(logits[slots.slot_of(r)]) for r in self._logprobs}  # the model's, before any mask
         beam_logprobs = self._beam_logprobs(logits)  # likewise: min_new_tokens is the search's own business
         if self.constraints.active:
-            self.constraints.apply(logits, slots.length[:hi], slots.max_new[:hi])
+            self.constraints.apply(logits, slots.length[:hi], slots.max_new[:hi], slots.first[:hi])
         no_eos = single & (slots.length[:hi] < slots.min_new[:hi])  # (hi,)
         chosen = choose(logits, per_row, self.eos_id, self.banned, no_eos)  # (hi,)
         codes = np.where(single, finish.after_token(chosen, slots.length[:hi], slots.max_new[:hi], self.eos_id), 0)
@@ -208,7 +209,7 @@ class Engine:
             rows = slots.slots_of(r)[: len(s.live)]
             out[r] = log_softmax(logits[rows])  # (n_live, V)
             if self.constraints.active:  # HF applies its processors to the log-probabilities of beams
-                self.constraints.apply(out[r], slots.length[rows], slots.max_new[rows])
+                self.constraints.apply(out[r], slots.length[rows], slots.max_new[rows], slots.first[rows])
                 if self.constraints.renormalize:
                     out[r] = log_softmax(out[r])
         return out

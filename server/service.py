@@ -16,7 +16,9 @@ import time
 
 import grpc
 
+from seqserve.contract.languages import Languages
 from seqserve.server.handlers import Undecodable, add_generation_service
+from seqserve.server.languages import LanguageRefused, RequestLanguages, resolve
 from seqserve.server.inflight import Call, InFlight
 from seqserve.server.metrics import Metrics
 from seqserve.server.model_defaults import request_defaults
@@ -80,6 +82,7 @@ class GenerationService(pb_grpc.GenerationServicer):
     def __init__(self, metrics: Metrics) -> None:
         self.metrics = metrics
         self.engine = self.tokenizer = self.limits = self.info = None
+        self.languages: Languages | None = None  # a multilingual model's (the manifest's)
         self.defaults = SamplingParams()
         self._max_chars = 0  # inputs longer than this cannot fit max_input_tokens: refused before tokenising
         self.outbox: Outbox | None = None  # the engine's events for this event loop
@@ -92,7 +95,11 @@ class GenerationService(pb_grpc.GenerationServicer):
         self.defaults = request_defaults(engine.runner.manifest.generation, limits.default_max_new_tokens,
                                          limits.max_num_beams)  # the model's decoding defaults
         self._max_chars = limits.max_input_tokens * max(map(len, tokenizer.get_vocab())) * _CHARS_PER_TOKEN_SLACK
+        self.languages = Languages.from_dict(engine.runner.manifest.languages)
         self.info = pb.ModelInfo(limits=pb.Limits(**dataclasses.asdict(limits)), **model)
+        if self.languages is not None:
+            self.info.languages.update(self.languages.codes)
+            self.info.source_language_placement = self.languages.source_placement
         self.metrics.model.info({"provider": model["execution_provider"], "variant": model["variant"],
                                  "bundle_format_version": str(model["bundle_format_version"]),
                                  "onnxruntime_version": model["onnxruntime_version"]})
@@ -155,15 +162,15 @@ class GenerationService(pb_grpc.GenerationServicer):
 
     async def Generate(self, request: pb.GenerateRequest, context) -> pb.GenerateResponse:
         async with self._call("Generate", context, request) as call:
-            params = self._params(request.options)
-            row = self._new_request(call, request.input, "input", params, stream=False)
+            params, langs = self._params(request.options), self._languages(request)
+            row = self._new_request(call, request.input, "input", params, stream=False, langs=langs)
             self._submit(call, [row])
             return _response(await self._result(*call.rows[0]))
 
     async def GenerateStream(self, request: pb.GenerateRequest, context):
         async with self._call("GenerateStream", context, request) as call:
-            params = self._params(request.options)
-            row = self._new_request(call, request.input, "input", params, stream=True)
+            params, langs = self._params(request.options), self._languages(request)
+            row = self._new_request(call, request.input, "input", params, stream=True, langs=langs)
             self._submit(call, [row])
             queue = call.rows[0][1]
             while True:
@@ -190,8 +197,8 @@ class GenerationService(pb_grpc.GenerationServicer):
             n, most = len(request.inputs), self.limits.max_batch_inputs
             _check(n > 0, "inputs must not be empty")
             _check(n <= most, f"inputs has {n} entries, more than max_batch_inputs={most}")
-            params = self._params(request.options)
-            rows = [self._new_request(call, text, f"inputs[{i}]", params, stream=False)
+            params, langs = self._params(request.options), self._languages(request)
+            rows = [self._new_request(call, text, f"inputs[{i}]", params, stream=False, langs=langs)
                     for i, text in enumerate(request.inputs)]
             self._submit(call, rows)
             results = [await self._result(row, queue) for row, queue in call.rows]  # all run at once in the engine
@@ -233,16 +240,26 @@ class GenerationService(pb_grpc.GenerationServicer):
                     top_k=top_k, top_p=float(top_p), repetition_penalty=float(penalty), stop=tuple(o.stop),
                     seed=o.seed if o.HasField("seed") else None, **_beam_params(o, self.limits, penalty, self.defaults))
 
-    def _new_request(self, call: Call, text: str, field: str, params: dict, stream: bool) -> Request:
+    def _languages(self, request) -> RequestLanguages | None:
+        """The request's source and target languages, checked against the model's (server/languages.py)."""
+        try:
+            return resolve(self.languages, request.source_language, request.target_language)
+        except LanguageRefused as exc:
+            raise Rejected(Code.INVALID_ARGUMENT, str(exc), "invalid_argument") from None
+
+    def _new_request(self, call: Call, text: str, field: str, params: dict, stream: bool,
+                     langs: RequestLanguages | None = None) -> Request:
         _check(text.strip() != "", f"{field} must not be empty or whitespace")
         most = self.limits.max_input_tokens
         _check(len(text) <= self._max_chars, f"{field} has {len(text)} characters, more than "
                                              f"max_input_tokens={most} tokens can hold")
         ids = self.tokenizer.encode(text).ids
+        if langs is not None:  # the source language token, where the model's tokenizer puts it
+            ids = self.languages.source_ids(ids, langs.source)
         _check(len(ids) <= most, f"{field} has {len(ids)} tokens, more than max_input_tokens={most}")
         seed = params["seed"] if params["seed"] is not None else secrets.randbits(64)  # returned to the client
         return Request(ids, SamplingParams(**{**params, "seed": seed}), sink=self._outbox(), stream=stream,
-                       deadline=call.deadline)
+                       deadline=call.deadline, forced_bos=None if langs is None else langs.target_token)
 
     def _outbox(self) -> Outbox:
         """The sink for requests of this event loop (made on the loop, once)."""

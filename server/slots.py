@@ -24,6 +24,7 @@ class Slots:
         self.n_live = 0
         self.index: dict[int, list[int]] = {}  # request id -> its slots (one per beam)
         self.beam = np.zeros(capacity, bool)  # (C,) rows of beam requests (engine.py updates them per request)
+        self.first = np.full(capacity, -1, np.int64)  # (C,) each row's forced first token (-1: the model's rule)
 
 
     def free(self, n: int) -> list[int]:
@@ -41,6 +42,7 @@ class Slots:
         self.length[slot] = 0
         self.max_new[slot] = request.params.max_new_tokens
         self.min_new[slot] = request.params.min_new_tokens
+        self.first[slot] = -1 if request.forced_bos is None else request.forced_bos
         self.live[slot] = True
         self.n_live += 1
         self.hi = max(self.hi, slot + 1)

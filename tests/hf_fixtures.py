@@ -244,9 +244,6 @@ def _fairseq_vocab(spm_bytes: bytes) -> dict[str, int]:
     return {piece: i for i, piece in enumerate(ordered)}
 
 
-M2M100_MADEUP_WORDS = 8  # M2M100's vocabulary has 8 unused ids after its language tokens
-
-
 def build_m2m100(directory: str | Path, size: HfSize = TINY, seed: int = SEED) -> Path:
     """M2M100: sentencepiece.bpe.model + vocab.json (fairseq order), 100 language tokens `__xx__` after it, fairseq
     sinusoidal positions, pre-LN, relu; the target language is forced as the first generated token."""
@@ -267,8 +264,11 @@ def build_m2m100(directory: str | Path, size: HfSize = TINY, seed: int = SEED) -
                                 src_lang="en", tgt_lang="fr", model_max_length=size.max_positions,
                                 additional_special_tokens=[f"__{c}__" for c in FAIRSEQ_LANGUAGE_CODES["m2m100"]])
     tokenizer.save_pretrained(directory)
+    # The vocabulary ends with the language tokens. (A vocab_size beyond the tokenizer, e.g. for M2M100Tokenizer's
+    # num_madeup_words, leaves ids that transformers decodes as "<unk>" and seqserve as nothing; a random model
+    # would generate them, a trained one does not.)
     config = M2M100Config(
-        vocab_size=len(vocab) + len(tokenizer.lang_code_to_id) + M2M100_MADEUP_WORDS, d_model=size.d_model,
+        vocab_size=len(vocab) + len(tokenizer.lang_code_to_id), d_model=size.d_model,
         encoder_layers=size.layers, decoder_layers=size.layers, encoder_attention_heads=size.heads,
         decoder_attention_heads=size.heads, encoder_ffn_dim=size.ffn, decoder_ffn_dim=size.ffn,
         max_position_embeddings=size.max_positions, activation_function="relu", scale_embedding=True,
