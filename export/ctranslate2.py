@@ -72,8 +72,8 @@ def transformer_spec_of(model: Transformer, tokenizer: Tokenizer) -> transformer
     """Our weights in CTranslate2's Transformer spec, vocabularies and special tokens registered."""
     cfg = model.cfg
     seeds = ModelConfig(vocab_size=cfg.vocab_size)
-    differ = [k for k in ("positions", "embed_norm", "activation", "scale_embeddings", "final_logits_bias",
-                          "tie_output") if getattr(cfg, k) != getattr(seeds, k)]
+    differ = [k for k in ("positions", "embed_norm", "activation", "scale_embeddings", "final_logits_bias")
+              if getattr(cfg, k) != getattr(seeds, k)]  # ties need no check: every weight is written out
     if differ or cfg.decoder_start_id != cfg.bos_id:  # an imported model: CTranslate2's own converter reads it
         raise ValueError(f"this converter takes the seeds' architecture; the model differs in {differ or ['start']} "
                          "(convert a Hugging Face directory with ctranslate2.converters.TransformersConverter)")

@@ -31,7 +31,7 @@ from seqserve.contract.manifest import load_manifest
 from seqserve.contract.tokenizer import load_tokenizer
 from seqserve.contract.tsv import heldout_pairs
 from seqserve.export.bundle import export_bundle
-from seqserve.loadtest import bench_report, shapes
+from seqserve.loadtest import bench_report, hf_models, shapes
 from seqserve.loadtest.bench_config import BenchConfig, from_args
 from seqserve.loadtest.bench_rows import (
     BEAM_EARLY_STOPPING,
@@ -40,6 +40,7 @@ from seqserve.loadtest.bench_rows import (
     GRAPH_LOOP,
     PYTORCH_KV_CACHE,
     PYTORCH_NO_CACHE,
+    TRANSFORMERS,
     RowRun,
     RowSpec,
     Workload,
@@ -55,6 +56,9 @@ CT2_PRECISIONS = {"cpu": ("fp32", "int8"), "cuda": ("fp32", "int8", "fp16"), "au
 def plan(cfg: BenchConfig, variants: list[str], with_ctranslate2: bool, with_pytorch: bool = True) -> list[RowSpec]:
     rows = [RowSpec(backend, "fp32", b) for backend in (PYTORCH_NO_CACHE, PYTORCH_KV_CACHE)
             for b in cfg.torch_batch_sizes] if with_pytorch else []
+    if cfg.hf_dir is not None:  # the original model's own generate: the reference of every row's tokens
+        rows += [RowSpec(TRANSFORMERS, "fp32", b) for b in cfg.torch_batch_sizes]
+        rows += [RowSpec(TRANSFORMERS, "fp32", min(cfg.beam_batch_sizes), cfg.num_beams)] if cfg.num_beams > 1 else []
     ours = [p for p in PRECISIONS[cfg.device] if p in variants]
     rows += [RowSpec(backend, p, b) for p in ours for backend in (ENGINE, GRAPH_LOOP) for b in cfg.batch_sizes]
     theirs = CT2_PRECISIONS[cfg.device] if with_ctranslate2 else ()
@@ -68,6 +72,10 @@ def plan(cfg: BenchConfig, variants: list[str], with_ctranslate2: bool, with_pyt
 def _models(cfg: BenchConfig, stack: ExitStack, skipped: list[str]) -> tuple[Path | None, Path, Path | None]:
     """(checkpoint, bundle, CTranslate2 model or None) of the run."""
     convert = _converter(cfg, skipped)
+    if cfg.hf_dir is not None:
+        work = cfg.shape_dir or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="seqserve-bench-hf-")))
+        made = hf_models.prepare(cfg.hf_dir, work, convert is not None, cfg.progress)
+        return made.checkpoint, made.bundle, made.ctranslate2_dir
     if cfg.random:
         work = cfg.shape_dir or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="seqserve-bench-shape-")))
         made = shapes.prepare(cfg.shape, work, cfg.seed, cfg.num_inputs, cfg.resolved_max_new(0),
@@ -97,18 +105,28 @@ def _converter(cfg: BenchConfig, skipped: list[str]):
 
 def _workload(cfg: BenchConfig, checkpoint: Path | None, bundle: Path, ct2: Path | None) -> tuple[Workload, list[str]]:
     manifest = load_manifest(bundle)
-    pairs = heldout_pairs(bundle, cfg.num_inputs)
-    if not pairs:
-        raise ValueError(f"{bundle} has no held-out inputs (heldout.tsv)")
-    tokenizer = load_tokenizer(bundle / manifest.tokenizer["file"])
-    sources = [tokenizer.encode(source).ids for source, _ in pairs]
+    if cfg.hf_dir is not None:
+        special = {int(i) for i in manifest.special_tokens.values()}
+        sources = hf_models.random_sources(cfg.num_inputs, int(manifest.model["vocab_size"]), special,
+                                           int(manifest.special_tokens["eos_id"]), cfg.seed)
+    else:
+        pairs = heldout_pairs(bundle, cfg.num_inputs)
+        if not pairs:
+            raise ValueError(f"{bundle} has no held-out inputs (heldout.tsv)")
+        tokenizer = load_tokenizer(bundle / manifest.tokenizer["file"])
+        sources = [tokenizer.encode(source).ids for source, _ in pairs]
     max_new = cfg.resolved_max_new(int(manifest.max_new_tokens))
-    work = Workload(sources, max_new, cfg.threads, cfg.device, checkpoint, bundle, ct2,
-                    min_new_tokens=cfg.resolved_min_new(max_new), kv_cache=cfg.kv_cache)
+    forced_eos = cfg.hf_dir is not None and (manifest.generation or {}).get("forced_eos_token_id") is not None
+    # A forced end token is the last of max_new_tokens: the forced length stops one token short of it.
+    min_new = cfg.resolved_min_new(max_new) - (1 if forced_eos and cfg.min_new_tokens is None else 0)
+    work = Workload(sources, max_new, cfg.threads, cfg.device, checkpoint, bundle, ct2, min_new_tokens=min_new,
+                    kv_cache=cfg.kv_cache, hf_dir=cfg.hf_dir, forced_eos=forced_eos)
     return work, list(manifest.variants)
 
 
 def _pytorch_skipped(cfg: BenchConfig, work: Workload) -> str | None:
+    if cfg.hf_dir is not None:
+        return "PyTorch rows: --hf has transformers' own rows instead (the reference)"
     if cfg.random:
         return f"PyTorch rows: --shape {cfg.shape} has random weights (the fp32 graph-loop row is the reference)"
     if work.min_new_tokens:
@@ -152,7 +170,7 @@ def references(specs: list[RowSpec]) -> dict[int, RowSpec]:
     for width in sorted({s.num_beams for s in specs}):
         rows = [s for s in specs if s.num_beams == width and s.precision == "fp32"]
         present = {s.backend for s in rows}
-        backend = next(b for b in (PYTORCH_KV_CACHE, GRAPH_LOOP, ENGINE, CTRANSLATE2) if b in present)
+        backend = next(b for b in (TRANSFORMERS, PYTORCH_KV_CACHE, GRAPH_LOOP, ENGINE, CTRANSLATE2) if b in present)
         refs[width] = min((s for s in rows if s.backend == backend), key=lambda s: s.batch_size)
     return refs
 
@@ -163,12 +181,16 @@ def _settings(cfg: BenchConfig, work: Workload) -> dict:
              if cfg.num_beams > 1 else "")
     inputs = (f"{shapes.SOURCE_TOKENS}-token random sources (seed {cfg.seed})" if cfg.random
               else "the first n lines of the bundle's heldout.tsv")
+    inputs += ", ids of the imported vocabulary, special ids excluded" if cfg.hf_dir else ""
+    if work.forced_eos:
+        inputs += ("; the model forces its end token at max_new_tokens (the engine and transformers apply it, "
+                   "CTranslate2 cannot and decodes max_new_tokens - 1)")
     return {"shape": cfg.shape, "n_inputs": len(work.sources), "inputs": inputs, "decoding": "greedy" + beams,
             "max_new_tokens": work.max_new_tokens, "min_new_tokens": work.min_new_tokens, "threads": cfg.threads,
             "device": cfg.device, "kv_cache": cfg.kv_cache, "batch_sizes": list(cfg.batch_sizes),
             "torch_batch_sizes": list(cfg.torch_batch_sizes), "num_beams": cfg.num_beams,
             "beam_batch_sizes": list(cfg.beam_batch_sizes), "seed": cfg.seed if cfg.random else None,
-            "checkpoint": str(work.checkpoint),
+            "checkpoint": str(work.checkpoint), "hf_dir": str(cfg.hf_dir) if cfg.hf_dir else None,
             "bundle": str(cfg.bundle) if cfg.bundle else f"exported from the checkpoint ({work.bundle})"}
 
 
@@ -210,7 +232,8 @@ def main(args: argparse.Namespace) -> int:
         print(f"skipped: {line}")
     if cfg.markdown is not None:
         cfg.markdown.parent.mkdir(parents=True, exist_ok=True)
-        title = f"`seqserve bench --shape {cfg.shape}`" + (f" on {cfg.checkpoint}" if cfg.checkpoint else "")
+        title = (f"`seqserve bench --hf {cfg.hf_dir}`" if cfg.hf_dir else f"`seqserve bench --shape {cfg.shape}`"
+                 + (f" on {cfg.checkpoint}" if cfg.checkpoint else ""))
         cfg.markdown.write_text(bench_report.markdown_section(report, title) + "\n")
         print(f"markdown -> {cfg.markdown}")
     print(f"-> {out}")

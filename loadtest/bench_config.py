@@ -24,6 +24,7 @@ THREADS_HELP = ("intra-op threads for every backend (default 1: more threads tha
 @dataclass(frozen=True)
 class BenchConfig:
     checkpoint: Path | None = None  # --shape default: PyTorch rows and the CTranslate2 conversion
+    hf_dir: Path | None = None  # --hf: a Hugging Face model directory, imported (random sources, forced length)
     shape: str = "default"  # default = the checkpoint above; base | small = random weights (loadtest/shapes.py)
     bundle: Path | None = None  # engine rows; None = export fp32 + int8 from the checkpoint into a temporary dir
     num_inputs: int = DEFAULT_N  # the first N lines of the bundle's heldout.tsv (base/small: N random sources)
@@ -58,16 +59,20 @@ class BenchConfig:
             raise ValueError(f"--device must be one of {DEVICES}")
         if self.shape not in SHAPE_NAMES or self.kv_cache not in KV_CACHES:
             raise ValueError(f"--shape must be one of {SHAPE_NAMES} and --kv-cache one of {KV_CACHES}")
-        if self.shape == "default" and self.checkpoint is None:
-            raise ValueError("--shape default needs --checkpoint")
+        if self.hf_dir is not None and (self.shape != "default" or self.checkpoint or self.bundle
+                                        or self.ctranslate2_dir):
+            raise ValueError("--hf imports its own checkpoint and bundle and converts its own CTranslate2 model "
+                             "(--shape-dir keeps them): drop --shape, --checkpoint, --bundle and --ctranslate2")
+        if self.shape == "default" and self.checkpoint is None and self.hf_dir is None:
+            raise ValueError("--shape default needs --checkpoint (or --hf DIR)")
         if self.shape != "default" and (self.checkpoint or self.bundle or self.ctranslate2_dir):
             raise ValueError(f"--shape {self.shape} makes its own checkpoint, bundle and CTranslate2 model "
                              "(--shape-dir keeps them): drop --checkpoint, --bundle and --ctranslate2")
 
     @property
     def random(self) -> bool:
-        """base/small: random weights, every backend forced to the same output length."""
-        return self.shape != "default"
+        """base/small and --hf: random sources, every backend forced to the same output length."""
+        return self.shape != "default" or self.hf_dir is not None
 
     def resolved_max_new(self, bundle_max_new: int) -> int:
         return self.max_new_tokens or (FORCED_TOKENS if self.random else bundle_max_new)
@@ -85,7 +90,7 @@ class BenchConfig:
     def command(self, max_new_tokens: int, min_new_tokens: int) -> str:
         """The exact command with every setting resolved, so a reader can rerun the same benchmark."""
         parts = ["seqserve", "bench", *(["--checkpoint", str(self.checkpoint)] if self.checkpoint else [])]
-        parts += ["--shape", self.shape]
+        parts += ["--hf", str(self.hf_dir)] if self.hf_dir else ["--shape", self.shape]
         parts += ["--bundle", str(self.bundle)] if self.bundle else []
         parts += ["--seed", str(self.seed)] if self.random else []
         parts += ["--shape-dir", str(self.shape_dir)] if self.shape_dir else []
@@ -119,6 +124,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="default: the checkpoint on its held-out inputs; base (d_model 512, 8 heads, 6+6 layers, "
                         "d_ff 2048, vocab 8000) or small (256, 4, 3+3, 1024, 8000): random weights, random sources, "
                         f"every backend forced to the same length ({FORCED_TOKENS} tokens unless --max-new-tokens)")
+    p.add_argument("--hf", metavar="DIR",
+                   help="a Hugging Face model directory (save_pretrained form: marian, bart): imported and exported "
+                        "for the engine rows, converted by CTranslate2's own TransformersConverter for its rows, and "
+                        "run by transformers' generate (the reference of token agreement); random sources, every "
+                        f"backend forced to the same length ({FORCED_TOKENS} tokens unless --max-new-tokens)")
     p.add_argument("--bundle", help="bundle exported from that checkpoint (engine rows; int8 rows need --int8); "
                                     "default: export fp32 + int8 into a temporary directory")
     p.add_argument("--seed", type=int, default=0, help="base/small: the random weights and sources")
@@ -153,7 +163,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def from_args(args: argparse.Namespace) -> BenchConfig:
     path = lambda value: Path(value) if value else None  # noqa: E731
-    return BenchConfig(checkpoint=path(args.checkpoint), shape=args.shape, bundle=path(args.bundle),
+    return BenchConfig(checkpoint=path(args.checkpoint), hf_dir=path(args.hf), shape=args.shape,
+                       bundle=path(args.bundle),
                        num_inputs=args.num_inputs, batch_sizes=tuple(args.batch_sizes),
                        torch_batch_sizes=tuple(args.torch_batch_sizes), max_new_tokens=args.max_new_tokens,
                        min_new_tokens=args.min_new_tokens, num_beams=args.num_beams,

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 PYTORCH_NO_CACHE, PYTORCH_KV_CACHE = "pytorch-no-cache", "pytorch-kv-cache"
+TRANSFORMERS = "transformers"  # `bench --hf`: the original model's own generate, the oracle of token agreement
 ENGINE, GRAPH_LOOP, CTRANSLATE2 = "seqserve-engine", "graph-loop", "ctranslate2"
 WARMUP_TOKENS = 2
 # Beam rows: ours stop as soon as num_beams hypotheses are finished, the rule CTranslate2 has (patience 1); HF's
@@ -40,10 +41,20 @@ class Workload:
     ctranslate2_dir: Path | None = None
     min_new_tokens: int = 0  # the end token is suppressed before this many tokens, on every backend
     kv_cache: str = "auto"  # engine and graph-loop rows: the decoder graph (server/runner.py choose_cache)
+    hf_dir: Path | None = None  # `bench --hf`: the Hugging Face directory the transformers rows load
+    # The model forces its end token at max_new_tokens (generation_config forced_eos_token_id): the engine and
+    # transformers apply it; CTranslate2 cannot, so it decodes the max_new_tokens - 1 tokens before it.
+    forced_eos: bool = False
 
     def min_new(self, max_new_tokens: int) -> int:
-        """min_new_tokens for one call (the warm-up asks for fewer tokens than min_new_tokens)."""
-        return min(self.min_new_tokens, max_new_tokens)
+        """min_new_tokens for one call (the warm-up asks for fewer tokens than min_new_tokens); below a forced
+        end token, which is the last of max_new_tokens."""
+        return min(self.min_new_tokens, self.before_forced_eos(max_new_tokens))
+
+    def before_forced_eos(self, max_new_tokens: int) -> int:
+        """The tokens before a forced end token: the limit of a backend that cannot force it (CTranslate2, the bare
+        graph loop), so that every backend generates the same tokens."""
+        return max_new_tokens - 1 if self.forced_eos and max_new_tokens > 1 else max_new_tokens
 
 
 @dataclass(frozen=True)
@@ -111,6 +122,40 @@ def _pytorch(spec: RowSpec, work: Workload) -> Loaded:
     return generate, f"torch-{device}", None
 
 
+def _transformers(spec: RowSpec, work: Workload) -> Loaded:
+    """transformers' own generate on the original directory: static batches, right-padded, under the model's
+    generation_config (bad_words_ids, forced BOS/EOS, renormalize_logits), as the engine serves it."""
+    import torch
+    from transformers import AutoModelForSeq2SeqLM
+
+    torch.set_num_threads(work.threads)
+    model = AutoModelForSeq2SeqLM.from_pretrained(str(work.hf_dir)).eval()
+    pad = model.generation_config.pad_token_id
+    eos = model.generation_config.eos_token_id
+    eos = set(eos if isinstance(eos, list) else [eos])
+
+    def generate(sources: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+        outputs = []
+        for i in range(0, len(sources), spec.batch_size):
+            batch = sources[i : i + spec.batch_size]
+            width = max(map(len, batch))
+            ids = torch.full((len(batch), width), pad, dtype=torch.long)  # (B, S)
+            mask = torch.zeros((len(batch), width), dtype=torch.long)  # (B, S)
+            for row, source in enumerate(batch):
+                ids[row, : len(source)], mask[row, : len(source)] = torch.tensor(source), 1
+            with torch.no_grad():
+                out = model.generate(input_ids=ids, attention_mask=mask, do_sample=False, num_beams=spec.num_beams,
+                                     num_return_sequences=1, max_new_tokens=max_new_tokens,
+                                     min_new_tokens=work.min_new(max_new_tokens), length_penalty=1.0,
+                                     early_stopping=BEAM_EARLY_STOPPING)  # (B, 1 + new)
+            for row in out[:, 1:].tolist():  # the first column is the decoder start token
+                end = next((k for k, t in enumerate(row) if t in eos), len(row))
+                outputs.append(row[:end])
+        return outputs
+
+    return generate, "torch-cpu", None
+
+
 def _runtime(work: Workload):
     from seqserve.server.device import RuntimeConfig
 
@@ -155,7 +200,8 @@ def _graph_loop(spec: RowSpec, work: Workload) -> Loaded:
     loop = GraphLoop(work.bundle, spec.precision, _runtime(work), work.kv_cache)
 
     def generate(sources: list[list[int]], max_new_tokens: int) -> list[list[int]]:
-        return loop.generate(sources, max_new_tokens, spec.batch_size, work.min_new(max_new_tokens))
+        limit = work.before_forced_eos(max_new_tokens)  # the bare loop applies no token rules
+        return loop.generate(sources, limit, spec.batch_size, min(work.min_new(max_new_tokens), limit))
 
     return generate, loop.provider, loop.graph
 
@@ -172,12 +218,13 @@ def _ctranslate2(spec: RowSpec, work: Workload) -> Loaded:
     tokenizer = load_tokenizer(work.bundle / load_manifest(work.bundle).tokenizer["file"])  # the checkpoint's copy
 
     def generate(sources: list[list[int]], max_new_tokens: int) -> list[list[int]]:
-        return beam_search(translator, tokenizer, sources, max_new_tokens, spec.batch_size, spec.num_beams,
-                           work.min_new(max_new_tokens))
+        limit = work.before_forced_eos(max_new_tokens)
+        return beam_search(translator, tokenizer, sources, limit, spec.batch_size, spec.num_beams,
+                           min(work.min_new(max_new_tokens), limit))
 
     return generate, f"ctranslate2-{device}", None
 
 
 LOADERS: dict[str, Callable[[RowSpec, Workload], Loaded]] = {
     PYTORCH_NO_CACHE: _pytorch, PYTORCH_KV_CACHE: _pytorch, ENGINE: _engine, GRAPH_LOOP: _graph_loop,
-    CTRANSLATE2: _ctranslate2}
+    CTRANSLATE2: _ctranslate2, TRANSFORMERS: _transformers}

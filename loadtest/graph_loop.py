@@ -45,7 +45,8 @@ class GraphLoop:
         cfg, special = manifest.model, manifest.special_tokens
         self.n_layers, self.heads = cfg["n_decoder_layers"], cfg["n_heads"]
         self.head_dim = cfg["d_model"] // cfg["n_heads"]
-        self.pad_id, self.bos_id, self.eos_id = special["pad_id"], special["bos_id"], special["eos_id"]
+        self.pad_id, self.eos_id = special["pad_id"], special["eos_id"]
+        self.start_id = manifest.decoder_start_id  # the decoder's first input (Marian: <pad>, BART: </s>)
         self.max_len = int(manifest.max_new_tokens)  # the in-place buffers' length, as the engine allocates them
 
     @property
@@ -66,7 +67,7 @@ class GraphLoop:
         b = len(sources)
         out = np.zeros((b, max_new_tokens), np.int64)  # (B, T)
         lengths = np.full(b, max_new_tokens, np.int64)  # (B,) tokens before the end token
-        ids = np.full(b, self.bos_id, np.int64)  # (B,)
+        ids = np.full(b, self.start_id, np.int64)  # (B,)
         for t in range(max_new_tokens):
             logits = step(ids, t)  # (B, V)
             if t < min_new_tokens:

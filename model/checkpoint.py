@@ -28,7 +28,7 @@ BEST_WEIGHTS = "best.safetensors"  # the best weights so far, while training run
 LAST_WEIGHTS = "last.safetensors"  # the latest step, for --resume
 OPTIMIZER = "optimizer.safetensors"
 STATE = "state.json"
-GENERATION = "generation.json"  # an imported model's decoding defaults (contract/schema.py GENERATION's fields)
+GENERATION = "generation.json"  # an imported model's decoding defaults (contract/generation.py GenerationDefaults)
 _TMP_SUFFIX = ".tmp"
 
 

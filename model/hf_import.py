@@ -3,8 +3,9 @@
 Reads config.json, generation_config.json (contract/generation.py), model.safetensors (or its shards) and the
 tokenizer files (model/hf_tokenizer.py); writes config.json (ModelConfig with the family's architecture options),
 model.safetensors (our names), tokenizer.json (one Hugging Face `tokenizers` file), generation.json (the model's
-GenerationDefaults) and metrics.json (what was imported: the file a finished checkpoint has). Weights are read with safetensors only: nothing loads a pickle, and
-transformers is not needed here (checks/hf_parity.py compares against it).
+GenerationDefaults) and metrics.json (what was imported: the file a finished checkpoint has). Weights are read with
+safetensors only: nothing loads a pickle, and transformers is not needed here (checks/hf_parity.py compares against
+it).
 
 Every refusal is an ImportRefused (a ValueError: `seqserve import` exits 2) naming the file and the field.
 """
@@ -50,6 +51,13 @@ class Family:
     embed_norm: bool  # layernorm_embedding
     offset_after_pad: bool = False  # position 0 is row pad_token_id + 1 (fairseq's make_positions: M2M100, NLLB)
 
+    @property
+    def legacy(self) -> dict[str, bool]:
+        """Switches older config.json files carry (transformers 3's): the value this family's class implements."""
+        return {"static_position_embeddings": self.positions != "learned", "normalize_embedding": self.embed_norm,
+                "normalize_before": self.norm_first, "add_final_layer_norm": self.norm_first,
+                "add_bias_logits": False}
+
 
 FAMILIES = {
     "marian": Family("sinusoidal_halves", 0, norm_first=False, embed_norm=False),
@@ -58,9 +66,7 @@ FAMILIES = {
     "m2m_100": Family("sinusoidal_fairseq", 0, norm_first=True, embed_norm=False, offset_after_pad=True),
 }
 ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "silu": "silu", "swish": "silu"}
-# Legacy config keys that would change the architecture: the value each family's class implements.
-FIXED = {"normalize_embedding": False, "add_bias_logits": False, "static_position_embeddings": False,
-         "add_final_layer_norm": None, "normalize_before": None}
+
 
 def _read_json(path: Path) -> dict:
     if not path.is_file():
@@ -98,10 +104,10 @@ def model_config(hf_dir: Path, model_type: str, config: dict, unk_id: int,
         if need(key) != need(want):
             raise ImportRefused(f"{where}: {key}={config[key]} differs from {want}={config[want]}; seqserve's "
                                 "encoder and decoder share one width")
-    for key, want in FIXED.items():
-        if key in config and config[key] not in (want, None) and not (family.norm_first and key in (
-                "normalize_before", "add_final_layer_norm") and config[key] is True):
-            raise ImportRefused(f"{where}: {key}={config[key]!r} is not supported for model_type {model_type}")
+    for key, want in family.legacy.items():  # transformers 5 ignores these; a value that disagrees is a model
+        if config.get(key) is not None and config[key] != want:  # the family's class would not compute
+            raise ImportRefused(f"{where}: {key}={config[key]!r} is not supported for model_type {model_type} "
+                                f"(its architecture has {key}={want})")
     activation = need("activation_function")
     if activation not in ACTIVATIONS:
         raise ImportRefused(f"{where}: activation_function {activation!r} is not supported; supported: "

@@ -203,7 +203,8 @@ class Engine:
         self._last_step_at = now
 
     def _beam_logprobs(self, logits: np.ndarray) -> dict[Request, np.ndarray]:
-        """Each beam request's live beams' log-probabilities (n_live, V), taken before the step masks anything."""
+        """Each beam request's live beams' log-probabilities (n_live, V), with the model's token rules applied as HF
+        applies its processors (on log-probabilities), before the step masks anything else."""
         slots, out = self.runner.slots, {}
         for r, s in self._beams.items():
             rows = slots.slots_of(r)[: len(s.live)]

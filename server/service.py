@@ -213,6 +213,8 @@ class GenerationService(pb_grpc.GenerationServicer):
         cap = self.limits.max_new_tokens
         max_new = o.max_new_tokens if o.HasField("max_new_tokens") else self.defaults.max_new_tokens
         min_new = o.min_new_tokens or min(self.defaults.min_new_tokens, max_new)
+        if self.engine.constraints.forced_eos is not None:  # the forced end token wins over min_length, as in HF
+            min_new = min(min_new, max_new - 1)
         _check(1 <= max_new <= cap, f"options.max_new_tokens must be in [1, {cap}], got {max_new}")
         _check(min_new <= max_new,
                f"options.min_new_tokens must be at most max_new_tokens ({max_new}), got {min_new}")

@@ -42,6 +42,9 @@ def _refused(hf, tmp_path, capsys) -> str:
 
 
 def test_an_imported_marian_checkpoint_has_the_familys_options(copy, tmp_path):
+    # opus-mt's config.json still carries transformers 3's switches, at the values Marian's class implements
+    _edit(copy / "config.json", static_position_embeddings=True, normalize_embedding=False, normalize_before=False,
+          add_final_layer_norm=False, add_bias_logits=False)
     assert main(["import", str(copy), "--out", str(tmp_path / "out"), "--quiet", "--no-verify"]) == 0
     cfg = ModelConfig.load(tmp_path / "out" / "config.json")
     hf = json.loads((copy / "config.json").read_text())
@@ -78,9 +81,11 @@ def test_an_imported_marian_checkpoint_has_the_familys_options(copy, tmp_path):
     (lambda hf: _edit(hf / "generation_config.json", frobnicate=True),
      "generation_config.json: unknown field(s) ['frobnicate']"),
     (lambda hf: _edit(hf / "config.json", d_model=48), "model.safetensors: "),
+    (lambda hf: _edit(hf / "config.json", normalize_before=True),
+     "config.json: normalize_before=True is not supported for model_type marian"),
 ], ids=["model_type", "no-config", "no-weights", "pickle-only", "no-tokenizer", "activation", "ffn-widths",
         "decoder-vocab", "no-repeat-ngram", "no-generation-config", "multi-token-bad-words",
-        "unknown-generation-field", "shape"])
+        "unknown-generation-field", "shape", "legacy-pre-ln"])
 def test_refusals_name_the_file_and_the_field(copy, tmp_path, capsys, edit, message):
     edit(copy)
     err = _refused(copy, tmp_path, capsys)

@@ -130,3 +130,36 @@ def test_the_models_generation_defaults_are_served_and_shown(family, sentences):
         assert list(got.token_ids) == want
     (one,) = _served(server, texts[:1], num_beams=1, max_new_tokens=5)
     assert list(one.token_ids) == _hf(model, tok(texts[0]).input_ids, num_beams=1, max_new_tokens=5)[0]
+
+
+def test_a_stream_says_what_transformers_decodes(family, sentences):
+    name, _, server, model, tok = family
+    for text in sentences[:5]:
+        pieces = list(server.stub.GenerateStream(pb.GenerateRequest(
+            input=text, options=pb.DecodingOptions(num_beams=1, max_new_tokens=MAX_NEW)), timeout=60))
+        (want,) = _hf(model, tok(text).input_ids, num_beams=1, max_new_tokens=MAX_NEW, do_sample=False)
+        assert [t for p in pieces for t in p.token_ids] == want
+        assert "".join(p.text for p in pieces) == tok.decode(want, skip_special_tokens=True)
+
+
+def test_sampling_never_returns_the_models_banned_or_special_ids(family, sentences):
+    """Special ids sit where the model has them (Marian: <pad> last, </s> 0), and bad_words_ids hold for sampling."""
+    name, hf_dir, server, model, tok = family
+    config = json.loads((hf_dir / "config.json").read_text())
+    never = {config["pad_token_id"], tok.unk_token_id} | {
+        t for seq in (model.generation_config.bad_words_ids or []) for t in seq}
+    served = _served(server, sentences[:30], num_beams=1, temperature=1.5, seed=1, max_new_tokens=MAX_NEW)
+    produced = [t for r in served for t in r.token_ids]
+    assert len(produced) > 100 and not never & set(produced)
+
+
+def test_a_forced_end_token_wins_over_min_new_tokens(family, sentences):
+    """min_new_tokens = max_new_tokens: transformers' MinLength processor masks the end token and ForcedEOS then
+    forces it at the last step; the served ids are the same, greedy and beam."""
+    name, _, server, model, tok = family
+    text = sentences[0]
+    for beams in (1, 4):
+        (got,) = _served(server, [text], num_beams=beams, min_new_tokens=6, max_new_tokens=6)
+        (want,) = _hf(model, tok(text).input_ids, num_beams=beams, min_new_tokens=6, max_new_tokens=6,
+                      do_sample=False)
+        assert list(got.token_ids) == want and len(want) == 5
