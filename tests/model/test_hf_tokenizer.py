@@ -147,7 +147,8 @@ def test_missing_files_and_unknown_families_are_refused_naming_the_file(tmp_path
     copy = tmp_path / "copy"
     shutil.copytree(directory, copy)
     missing = {hf_fixtures.MARIAN: "source.spm", hf_fixtures.BART: "vocab.json", hf_fixtures.M2M100:
-               "sentencepiece.bpe.model", hf_fixtures.MBART50: "tokenizer_config.json"}[name]
+               "sentencepiece.bpe.model", hf_fixtures.NLLB: "tokenizer_config.json",
+               hf_fixtures.MBART50: "tokenizer_config.json"}[name]
     (copy / missing).unlink()
     if name == hf_fixtures.BART:
         (copy / "tokenizer.json").unlink()
@@ -171,3 +172,19 @@ def test_a_marian_vocab_missing_source_pieces_is_refused(tmp_path):
     (directory / "tokenizer_config.json").write_text(json.dumps({**config, "separate_vocabs": True}))
     with pytest.raises(TokenizerImportError, match="tokenizer_config.json: separate_vocabs"):
         hf_tokenizer.convert(directory)
+
+
+def test_legacy_nllb_puts_the_source_language_after_the_end_token(tmp_path):
+    """NllbTokenizer(legacy_behaviour=True): `text </s> [lang]`; the import records placement "suffix"."""
+    from transformers import AutoTokenizer
+
+    directory = hf_fixtures.build_nllb(tmp_path / "nllb", legacy=True)
+    original = AutoTokenizer.from_pretrained(str(directory))
+    tok, languages = hf_tokenizer.convert_multilingual(directory)
+    assert languages.source_placement == "suffix" and len(languages.codes) == 202
+    for lang in ("eng_Latn", "fra_Latn"):
+        original.src_lang = lang
+        for text in hf_fixtures.real_strings()[::10]:
+            expected = original(text).input_ids
+            assert languages.source_ids(as_text_only(tok).encode(text).ids, lang) == expected, text
+            assert expected[-2:] == [original.eos_token_id, languages.codes[lang]]

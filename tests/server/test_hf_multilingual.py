@@ -1,4 +1,4 @@
-"""Multilingual Hugging Face models (M2M100, mBART-50) served with per-request languages (issue 19).
+"""Multilingual Hugging Face models (M2M100, NLLB, mBART-50) served with per-request languages (issue 19).
 
 For each family: a random-weight model with a tokenizer trained here (tests/hf_fixtures.py) goes through
 `seqserve import` (which compares its logits with transformers'), `seqserve export`, `seqserve verify --checkpoint
@@ -94,14 +94,15 @@ def test_the_import_records_the_familys_architecture_and_languages(family):
     name, hf_dir, server, _, tok, checkpoint = family
     cfg = ModelConfig.load(checkpoint / "config.json")
     assert cfg.norm_first
-    if name == hf_fixtures.M2M100:  # fairseq sinusoids from pad + 1, no embedding LayerNorm
+    if name in (hf_fixtures.M2M100, hf_fixtures.NLLB):  # fairseq sinusoids from pad + 1, no embedding LayerNorm
         assert (cfg.positions, cfg.position_offset, cfg.embed_norm, cfg.activation) == (
             "sinusoidal_fairseq", cfg.pad_id + 1, False, "relu")
     else:  # mBART: learned positions + 2, embedding LayerNorm
         assert (cfg.positions, cfg.position_offset, cfg.embed_norm) == ("learned", 2, True)
     info = server.stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=10)
     codes = {code: tok.convert_tokens_to_ids(_token(tok, code)) for code in info.languages}
-    assert dict(info.languages) == codes and len(codes) == (100 if name == hf_fixtures.M2M100 else 52)
+    assert dict(info.languages) == codes
+    assert len(codes) == {hf_fixtures.M2M100: 100, hf_fixtures.NLLB: 202, hf_fixtures.MBART50: 52}[name]
     assert info.source_language_placement == "prefix"
     recorded = json.loads((checkpoint / "languages.json").read_text())
     assert recorded == {"codes": dict(info.languages), "source_placement": "prefix"}
