@@ -74,6 +74,10 @@ CASES = [
     ("max_new_tokens-beyond-positions", _set("max_new_tokens", 100), "max_new_tokens=100 exceeds model.max_positions"),
     ("unknown-field", _set("graphs", {}), "unknown field(s) ['graphs']"),
     ("bad-sha256", _set("tokenizer.sha256", "xyz"), "tokenizer.sha256 must be 64 lowercase hex digits"),
+    ("language-outside-vocab", _set("languages", {"codes": {"fr": 10 ** 6}, "source_placement": "prefix"}),
+     "languages.codes ['fr'] have token ids outside the vocabulary"),
+    ("language-placement", _set("languages", {"codes": {"fr": 4}, "source_placement": "middle"}),
+     "languages.source_placement must be one of ('prefix', 'suffix'), got 'middle'"),
 ]
 
 
