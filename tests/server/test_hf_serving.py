@@ -8,6 +8,8 @@ transformers' own `generate` (greedy, and beam 4 with its n-best) and the text e
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import hf_fixtures
 import pytest
@@ -163,3 +165,18 @@ def test_a_forced_end_token_wins_over_min_new_tokens(family, sentences):
         (want,) = _hf(model, tok(text).input_ids, num_beams=beams, min_new_tokens=6, max_new_tokens=6,
                       do_sample=False)
         assert list(got.token_ids) == want and len(want) == 5
+
+
+def test_serving_an_imported_model_loads_no_torch_transformers_or_sentencepiece(family):
+    """The server's own loading of an imported bundle (sessions, tokenizer, engine, warm-up) in a fresh process."""
+    bundle = family[2].app.settings.bundle
+    code = ("import sys\n"
+            "from seqserve.server import settings as st\n"
+            "from seqserve.server.app import App\n"
+            f"app = App(st.Settings(bundle={str(bundle)!r}, intra_op_threads=1))\n"
+            "runner, tokenizer, limits, engine = app._load()\n"
+            "engine.stop()\n"
+            "assert engine.constraints.active  # the model's token rules are in force\n"
+            "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers', 'sentencepiece'))\n"
+            "assert not heavy, heavy\n")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
