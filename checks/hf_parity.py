@@ -15,7 +15,6 @@ from seqserve.model.checkpoint import load_checkpoint
 from seqserve.model.decoding import pad_batch
 
 
-
 @torch.no_grad()
 def hf_parity(checkpoint: Path, hf_dir: Path, texts: tuple[str, ...] = PROBE_TEXTS, seed: int = 0) -> list[Check]:
     from transformers import AutoModelForSeq2SeqLM

@@ -23,9 +23,9 @@ from tqdm import tqdm
 
 from seqserve.contract.generation import GenerationConfigError, GenerationDefaults
 from seqserve.contract.generation import load as load_generation
+from seqserve.contract.languages import LANGUAGES_FILE, Languages
 from seqserve.model import checkpoint as ck
 from seqserve.model.config import ModelConfig
-from seqserve.contract.languages import LANGUAGES_FILE, Languages
 from seqserve.model.hf_tokenizer import TokenizerImportError, convert_multilingual
 from seqserve.model.transformer import Transformer
 

@@ -18,8 +18,8 @@ import grpc
 
 from seqserve.contract.languages import Languages
 from seqserve.server.handlers import Undecodable, add_generation_service
-from seqserve.server.languages import LanguageRefused, RequestLanguages, resolve
 from seqserve.server.inflight import Call, InFlight
+from seqserve.server.languages import LanguageRefused, RequestLanguages, resolve
 from seqserve.server.metrics import Metrics
 from seqserve.server.model_defaults import request_defaults
 from seqserve.server.outbox import Outbox

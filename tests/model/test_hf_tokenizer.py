@@ -74,7 +74,7 @@ def test_the_corpus_is_at_least_1000_real_strings_with_unicode_and_odd_whitespac
 
 
 def test_ids_equal_the_original_tokenizer_on_every_real_string(family):
-    name, _, original, served, languages = family
+    name, _, original, _, languages = family
     for lang in _source_languages(name):
         pairs = [(text, *_pair(family, text, lang)) for text in hf_fixtures.real_strings()]
         wrong = [(text, e, g) for text, e, g in pairs if e != g]
@@ -91,7 +91,7 @@ def test_ids_equal_the_original_tokenizer_on_every_real_string(family):
 
 
 def test_unseen_characters_become_the_originals_unk(family):
-    name, _, original, served, _ = family
+    name, _, original, _, _ = family
     text = "ᚠᚢᚦ ꙮ"  # runes and a rare Cyrillic letter: in no training string
     expected, got = _pair(family, text, _source_languages(name)[0])
     assert got == expected

@@ -91,7 +91,7 @@ def _served_batches(server, texts: list[str], source: str, targets: tuple[str, .
 
 
 def test_the_import_records_the_familys_architecture_and_languages(family):
-    name, hf_dir, server, _, tok, checkpoint = family
+    name, _, server, _, tok, checkpoint = family
     cfg = ModelConfig.load(checkpoint / "config.json")
     assert cfg.norm_first
     if name in (hf_fixtures.M2M100, hf_fixtures.NLLB):  # fairseq sinusoids from pad + 1, no embedding LayerNorm
@@ -112,7 +112,7 @@ def test_the_import_records_the_familys_architecture_and_languages(family):
 def test_served_tokens_equal_transformers_for_three_target_languages(family, sentences, beams):
     name, _, server, model, tok, _ = family
     source, targets = hf_fixtures.TEST_LANGUAGES[name]
-    n_best = dict(num_beams=beams, num_return_sequences=beams)
+    n_best = {"num_beams": beams, "num_return_sequences": beams}
     served = _served_batches(server, sentences, source, targets, **n_best)
     first_tokens = set()
     for target in targets:
@@ -161,11 +161,11 @@ def test_rows_of_different_languages_share_a_batch_and_equal_each_alone(family, 
 
 
 @pytest.mark.parametrize("fields, message", [
-    (dict(target_language="fr"), "source_language is required by this multilingual model; GetModelInfo lists"),
-    (dict(source_language="en"), "target_language is required by this multilingual model; GetModelInfo lists"),
-    (dict(source_language="en", target_language="xx_YY"),
+    ({"target_language": "fr"}, "source_language is required by this multilingual model; GetModelInfo lists"),
+    ({"source_language": "en"}, "target_language is required by this multilingual model; GetModelInfo lists"),
+    ({"source_language": "en", "target_language": "xx_YY"},
      "target_language 'xx_YY' is not a language of this model; GetModelInfo lists"),
-    (dict(source_language="klingon", target_language="fr"),
+    ({"source_language": "klingon", "target_language": "fr"},
      "source_language 'klingon' is not a language of this model; GetModelInfo lists"),
 ], ids=["no-source", "no-target", "unknown-target", "unknown-source"])
 def test_a_missing_or_unknown_language_is_refused_naming_the_field(family, fields, message):

@@ -18,8 +18,8 @@ def test_known_languages_give_the_source_code_and_the_target_token():
 
 
 @pytest.mark.parametrize("source, target, message", [
-    ("", "fra_Latn", "source_language is required by this multilingual model; GetModelInfo lists its 3 languages, "
-                     "e.g. deu_Latn, eng_Latn, fra_Latn"),
+    ("", "fra_Latn", ("source_language is required by this multilingual model; GetModelInfo lists its 3 "
+                      "languages, e.g. deu_Latn, eng_Latn, fra_Latn")),
     ("eng_Latn", "", "target_language is required"),
     ("eng_Latn", "fr", "target_language 'fr' is not a language of this model; GetModelInfo lists"),
     ("en", "fra_Latn", "source_language 'en' is not a language of this model"),
