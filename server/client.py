@@ -201,10 +201,13 @@ class Client:
             call.cancel()  # no-op once the stream ended; frees the server's row if the caller stopped early
 
     def generate_batch(self, inputs: list[str], *, timeout: float | None = None, source_language: str = "",
-                       target_language: str = "", **decoding) -> list[Result]:
+                       target_language: str = "", target_languages: list[str] | None = None,
+                       **decoding) -> list[Result]:
+        """target_languages: one target language per input (instead of target_language for all)."""
         m = self.stub.GenerateBatch(pb.GenerateBatchRequest(inputs=inputs, options=options(**decoding),
                                                             source_language=source_language,
-                                                            target_language=target_language),
+                                                            target_language=target_language,
+                                                            target_languages=target_languages or []),
                                     timeout=timeout or self.timeout)
         return [_result(r, r.text, list(r.token_ids)) for r in m.results]
 

@@ -26,9 +26,11 @@ class RequestLanguages:
     target_token: int  # the target language's token: the row's forced first token
 
 
-def resolve(languages: Languages | None, source: str, target: str) -> RequestLanguages | None:
-    """The request's languages (None for a model without languages), or LanguageRefused naming the field."""
-    given = dict(zip(FIELDS, (source, target)))
+def resolve(languages: Languages | None, source: str, target: str,
+            target_field: str = "target_language") -> RequestLanguages | None:
+    """The request's languages (None for a model without languages), or LanguageRefused naming the field
+    (target_field: the target's name in the request, e.g. "target_languages[3]" in a batch)."""
+    given = {FIELDS[0]: source, target_field: target}
     if languages is None:
         for field, value in given.items():
             if value:

@@ -197,8 +197,8 @@ class GenerationService(pb_grpc.GenerationServicer):
             n, most = len(request.inputs), self.limits.max_batch_inputs
             _check(n > 0, "inputs must not be empty")
             _check(n <= most, f"inputs has {n} entries, more than max_batch_inputs={most}")
-            params, langs = self._params(request.options), self._languages(request)
-            rows = [self._new_request(call, text, f"inputs[{i}]", params, stream=False, langs=langs)
+            params, langs = self._params(request.options), self._batch_languages(request)
+            rows = [self._new_request(call, text, f"inputs[{i}]", params, stream=False, langs=langs[i])
                     for i, text in enumerate(request.inputs)]
             self._submit(call, rows)
             results = [await self._result(row, queue) for row, queue in call.rows]  # all run at once in the engine
@@ -246,6 +246,20 @@ class GenerationService(pb_grpc.GenerationServicer):
         """The request's source and target languages, checked against the model's (server/languages.py)."""
         try:
             return resolve(self.languages, request.source_language, request.target_language)
+        except LanguageRefused as exc:
+            raise Rejected(Code.INVALID_ARGUMENT, str(exc), "invalid_argument") from None
+
+    def _batch_languages(self, request: pb.GenerateBatchRequest) -> list[RequestLanguages | None]:
+        """Each input's languages: target_languages[i] when the call names one per input, else target_language."""
+        n, targets = len(request.inputs), list(request.target_languages)
+        if not targets:
+            return [self._languages(request)] * n
+        _check(len(targets) == n, f"target_languages has {len(targets)} entries; it must be empty or have one per "
+                                  f"input ({n})")
+        _check(not request.target_language, "target_language and target_languages cannot both be set")
+        try:
+            return [resolve(self.languages, request.source_language, target, f"target_languages[{i}]")
+                    for i, target in enumerate(targets)]
         except LanguageRefused as exc:
             raise Rejected(Code.INVALID_ARGUMENT, str(exc), "invalid_argument") from None
 

@@ -191,6 +191,7 @@ def test_the_client_cli_and_load_test_carry_the_languages(family, sentences, tmp
     name, _, server, model, tok, _ = family
     source, targets = hf_fixtures.TEST_LANGUAGES[name]
     text = sentences[3]
+    expected = []
     with Client(server.address, timeout=30) as client:
         assert client.model_info()["languages"] == dict(server.stub.GetModelInfo(pb.GetModelInfoRequest()).languages)
         for target in targets:
@@ -204,10 +205,19 @@ def test_the_client_cli_and_load_test_carry_the_languages(family, sentences, tmp
             (batched,) = client.generate_batch([text], source_language=source, target_language=target,
                                                max_new_tokens=MAX_NEW, num_beams=1)
             assert batched.token_ids == want
+            expected.append(want)
             capsys.readouterr()
             assert main(["generate", text, "--server", server.address, "--source-language", source,
                          "--target-language", target, "--max-new-tokens", str(MAX_NEW), "--num-beams", "1"]) == 0
             assert capsys.readouterr().out == got.text + "\n"
+        several = client.generate_batch([text] * len(targets), source_language=source, target_languages=list(targets),
+                                        max_new_tokens=MAX_NEW, num_beams=1)  # one input per target language
+        assert [r.token_ids for r in several] == expected
+        for bad, message in (([targets[0]], "target_languages has 1 entries; it must be empty or have one per input"),
+                             ([targets[0], "xx_YY"], "target_languages[1] 'xx_YY' is not a language of this model")):
+            with pytest.raises(grpc.RpcError) as err:
+                client.generate_batch([text] * 2, source_language=source, target_languages=bad)
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and message in err.value.details()
     assert main(["generate", text, "--server", server.address]) == 1
     assert "INVALID_ARGUMENT: source_language is required" in capsys.readouterr().err
     (tmp_path / "heldout.tsv").write_text("".join(f"{s}\tx\n" for s in sentences if "\t" not in s and "\n" not in s))

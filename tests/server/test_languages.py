@@ -54,3 +54,11 @@ def test_the_served_model_without_languages_refuses_a_language(served, field):
             call()
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert err.value.details().startswith(f"{field} is not accepted: this model has no languages")
+
+
+def test_per_input_target_languages_on_a_model_without_languages_are_refused(served):
+    with pytest.raises(grpc.RpcError) as err:
+        served.stub.GenerateBatch(pb.GenerateBatchRequest(inputs=["b 5 9 k", "b 5"], target_languages=["", "fr"]),
+                                  timeout=10)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert err.value.details().startswith("target_languages[1] is not accepted: this model has no languages")

@@ -155,16 +155,18 @@ class GenerateStreamResponse(_message.Message):
     def __init__(self, text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., seed: _Optional[int] = ..., sequences: _Optional[_Iterable[_Union[Sequence, _Mapping]]] = ...) -> None: ...
 
 class GenerateBatchRequest(_message.Message):
-    __slots__ = ("inputs", "options", "source_language", "target_language")
+    __slots__ = ("inputs", "options", "source_language", "target_language", "target_languages")
     INPUTS_FIELD_NUMBER: _ClassVar[int]
     OPTIONS_FIELD_NUMBER: _ClassVar[int]
     SOURCE_LANGUAGE_FIELD_NUMBER: _ClassVar[int]
     TARGET_LANGUAGE_FIELD_NUMBER: _ClassVar[int]
+    TARGET_LANGUAGES_FIELD_NUMBER: _ClassVar[int]
     inputs: _containers.RepeatedScalarFieldContainer[str]
     options: DecodingOptions
     source_language: str
     target_language: str
-    def __init__(self, inputs: _Optional[_Iterable[str]] = ..., options: _Optional[_Union[DecodingOptions, _Mapping]] = ..., source_language: _Optional[str] = ..., target_language: _Optional[str] = ...) -> None: ...
+    target_languages: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, inputs: _Optional[_Iterable[str]] = ..., options: _Optional[_Union[DecodingOptions, _Mapping]] = ..., source_language: _Optional[str] = ..., target_language: _Optional[str] = ..., target_languages: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class GenerateBatchResponse(_message.Message):
     __slots__ = ("results",)
