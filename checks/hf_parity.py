@@ -15,7 +15,6 @@ from seqserve.model.checkpoint import load_checkpoint
 from seqserve.model.decoding import pad_batch
 
 
-
 @torch.no_grad()
 def hf_parity(checkpoint: Path, hf_dir: Path, texts: tuple[str, ...] = PROBE_TEXTS, seed: int = 0) -> list[Check]:
     from transformers import AutoModelForSeq2SeqLM
@@ -27,8 +26,10 @@ def hf_parity(checkpoint: Path, hf_dir: Path, texts: tuple[str, ...] = PROBE_TEX
     src, src_mask = pad_batch(sources, cfg.pad_id)  # (B, S) right-padded, rows of different lengths
     g = torch.Generator().manual_seed(seed)
     lengths = [int(n) for n in torch.randint(1, min(12, cfg.max_positions), (len(texts),), generator=g)]
-    targets = [[cfg.decoder_start_id] + torch.randint(0, cfg.vocab_size, (n - 1,), generator=g).tolist()
-               for n in lengths]  # decoder inputs: the start token, then any ids (special ones included)
+    # Decoder inputs: the start token, then any ids but pad (special ones included). A pad inside a sequence would
+    # shift the later positions of M2M100's fairseq positions (they count non-pad tokens) in teacher forcing only.
+    targets = [[cfg.decoder_start_id] + [t + (t >= cfg.pad_id) for t in torch.randint(
+        0, cfg.vocab_size - 1, (n - 1,), generator=g).tolist()] for n in lengths]
     tgt, tgt_mask = pad_batch(targets, cfg.pad_id)  # (B, T)
     ours = model(src, src_mask, tgt, tgt_mask)  # (B, T, V)
     want = theirs(input_ids=src, attention_mask=src_mask, decoder_input_ids=tgt,

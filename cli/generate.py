@@ -17,7 +17,8 @@ from seqserve.server.client import Client, Result, Sequence, decoding_from_args
 def run(args: argparse.Namespace) -> int:
     if args.timeout is not None and not (math.isfinite(args.timeout) and args.timeout > 0):
         raise ValueError(f"--timeout must be a finite number of seconds > 0, got {args.timeout}")
-    decoding = decoding_from_args(args)
+    decoding = decoding_from_args(args)  # with the languages: every client call takes them as keywords
+    decoding |= {"source_language": args.source_language, "target_language": args.target_language}
     with Client(args.server, timeout=args.timeout, connection=connection_from_args(args)) as client:
         try:
             if args.json:

@@ -70,6 +70,10 @@ def _add_serving_commands(sub) -> None:
                    help="print the whole response as JSON (protobuf's mapping, the proto's field names); with "
                         "--stream one object per message, one per line")
     p.add_argument("--timeout", type=float, help="deadline of the call in seconds")
+    p.add_argument("--source-language", default="", metavar="CODE",
+                   help="a multilingual model's source language, in its own codes (fr, fra_Latn, fr_XX)")
+    p.add_argument("--target-language", default="", metavar="CODE",
+                   help="a multilingual model's target language (forced as the first token)")
     add_connection_arguments(p)  # TLS, client certificate, bearer token (docs/security.md)
     add_decoding_arguments(p)  # the proto's option names; unset ones take the server's defaults
     p.set_defaults(func=_generate)

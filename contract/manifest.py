@@ -12,6 +12,7 @@ from pathlib import Path
 
 from seqserve.contract import graph_check, names, schema
 from seqserve.contract.generation import GenerationConfigError, GenerationDefaults
+from seqserve.contract.languages import Languages, LanguagesError
 
 FORMAT = "seqserve-bundle"
 FORMAT_VERSION = 1
@@ -65,6 +66,7 @@ class Manifest:
     heldout: dict | None = None  # file entry of HELDOUT
     training: dict = field(default_factory=dict)
     generation: dict = field(default_factory=dict)  # GenerationDefaults.to_dict() of an imported model, or {}
+    languages: dict = field(default_factory=dict)  # Languages.to_dict() of a multilingual model, or {}
     versions: dict = field(default_factory=dict)
     format: str = FORMAT
     format_version: int = FORMAT_VERSION
@@ -166,6 +168,16 @@ def _check_schema(path: Path, data) -> None:
             GenerationDefaults.from_dict(data["generation"])
         except GenerationConfigError as exc:
             raise BundleError(f"{path}: generation: {exc}") from None
+    if data.get("languages"):
+        try:
+            languages = Languages.from_dict(data["languages"])
+        except LanguagesError as exc:
+            raise BundleError(f"{path}: {exc}") from None
+        vocab = data["model"]["vocab_size"]
+        outside = sorted(code for code, token in languages.codes.items() if token >= vocab)
+        if outside:
+            raise BundleError(f"{path}: languages.codes {outside[:3]} have token ids outside the vocabulary "
+                              f"(vocab_size={vocab})")
     problems = schema.cross_field_problems(data)
     if problems:
         raise BundleError(f"{path}: {'; '.join(problems)}")

@@ -160,6 +160,7 @@ def manifest_schema(variants: tuple[str, ...]) -> Obj:
                 "max_new_tokens": Int(1, MAX_POSITIONS)},
                optional={"heldout": Nullable(FILE_ENTRY), "training": Obj(extra=Anything()),
                          "generation": Obj(extra=Anything()),  # contract/generation.py checks its fields
+                         "languages": Obj(extra=Anything()),  # contract/languages.py checks its fields
                          "versions": Obj(extra=Anything())}, extra=Anything())
 
 

@@ -78,6 +78,7 @@ def export_fp32(checkpoint: str | Path, out: str | Path, bar: tqdm | None = None
         training={k: training[k] for k in ("preset", "task", "steps", "train_seconds", "parameters", "test",
                                            "imported_from") if k in training},
         generation=ck.read_generation(checkpoint),
+        languages=ck.read_languages(checkpoint),
         versions=package_versions(),
     )
     manifest.save(out)

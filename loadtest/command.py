@@ -9,6 +9,7 @@ from seqserve.loadtest.driver import LoadTest, LoadTestError, judge, run
 from seqserve.loadtest.slo import Slo
 from seqserve.loadtest.summary import METHODS
 from seqserve.loadtest.sweep import Sweep
+from seqserve.loadtest.workload import add_language_arguments
 from seqserve.server.channel import add_connection_arguments
 from seqserve.server.client import add_decoding_arguments
 from seqserve.server.flags import DEFAULT_ADDRESS
@@ -33,6 +34,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--step-duration", default="20s", help="run time of each sweep step (default %(default)s)")
     Slo.add_arguments(parser)
     add_decoding_arguments(parser.add_argument_group("decoding options (unset = the server's defaults)"))
+    add_language_arguments(parser.add_argument_group("languages (a multilingual model)"))
 
 
 def main(args) -> int:

@@ -17,7 +17,7 @@ from tqdm import tqdm
 
 from seqserve.loadtest.slo import Slo, missed
 from seqserve.loadtest.summary import METHODS, Summary
-from seqserve.loadtest.workload import heldout_file
+from seqserve.loadtest.workload import heldout_file, target_languages
 from seqserve.server.channel import CONNECTION_HELP
 from seqserve.server.client import decoding_from_args, option_flags, options
 from seqserve.server.flags import flag
@@ -55,6 +55,8 @@ class LoadTest:
     stop_timeout_s: int = 30  # calls in flight at the end may finish, so client and server counts agree
     reset_stats: bool = False  # leave the ramp-up out of the statistics (sweep steps)
     connection: dict = field(default_factory=dict)  # server/channel.py's flags (TLS, client certificate, token file)
+    source_language: str = ""  # a multilingual model's source language code
+    target_languages: tuple[str, ...] = ()  # cycled call by call (--languages)
 
     def __post_init__(self) -> None:
         if self.users < 1 or self.duration_s < 1:
@@ -70,7 +72,9 @@ class LoadTest:
                    methods=tuple(m.strip() for m in args.methods.split(",") if m.strip()),
                    decoding=decoding_from_args(args), timeout_s=args.timeout,
                    stop_timeout_s=parse_duration(args.stop_timeout),
-                   connection={k: v for k in CONNECTION_HELP if (v := getattr(args, k, None)) not in (None, False)})
+                   connection={k: v for k in CONNECTION_HELP if (v := getattr(args, k, None)) not in (None, False)},
+                   source_language=getattr(args, "source_language", "") or "",
+                   target_languages=target_languages(getattr(args, "languages", "")))
 
     def locust_argv(self, out: Path) -> list[str]:
         argv = [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless", "--only-summary",
@@ -81,6 +85,8 @@ class LoadTest:
                 "--summary-json", str(out / "summary.json"), "--heldout", str(self.heldout), "--tags", *self.methods]
         argv += ["--reset-stats"] if self.reset_stats else []
         argv += ["--timeout", str(self.timeout_s)] if self.timeout_s else []
+        argv += ["--source-language", self.source_language] if self.source_language else []
+        argv += ["--languages", ",".join(self.target_languages)] if self.target_languages else []
         for name, value in self.connection.items():  # locust's users open their channels with the same flags
             argv += [flag(name)] + ([] if value is True else [str(value)])
         return argv + option_flags(self.decoding)

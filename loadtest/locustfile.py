@@ -16,7 +16,8 @@ directory or its heldout.tsv). Decoding options are the proto's names as flags (
 `--temperature`, `--top-k`, `--top-p`, `--repetition-penalty`, `--min-new-tokens`, `--stop`, `--seed`,
 `--num-beams`, `--num-return-sequences`, `--length-penalty`, `--early-stopping`, `--return-logprobs`,
 `--top-logprobs`); the web UI shows them under "Custom parameters" (booleans as true / false).
-`--tags Generate` or `--tags GenerateStream` runs one method only.
+`--tags Generate` or `--tags GenerateStream` runs one method only. A multilingual model takes a language mix:
+`--source-language en_XX --languages fr_XX,de_DE` (the calls cycle through the target languages).
 
 Statistics: request type "grpc" rows are whole calls, with "content size" = generated tokens; "ttft" rows are
 streams' time to first token (so locust's own "Aggregated" row counts each stream twice; summary.json does not).
@@ -35,7 +36,7 @@ from locust.stats import PERCENTILES_TO_REPORT, StatsCSV
 
 from seqserve.loadtest.grpc_user import GrpcUser
 from seqserve.loadtest.summary import Summary
-from seqserve.loadtest.workload import Workload, heldout_sources
+from seqserve.loadtest.workload import Workload, add_language_arguments, heldout_sources, target_languages
 from seqserve.server.channel import add_connection_arguments
 from seqserve.server.client import add_decoding_arguments, decoding_from_args
 
@@ -48,6 +49,7 @@ def _add_arguments(parser) -> None:
     parser.add_argument("--summary-json", include_in_web_ui=False, help="write the run's summary here on stop")
     add_connection_arguments(parser, include_in_web_ui=False)
     add_decoding_arguments(parser)
+    add_language_arguments(parser)
 
 
 class SeqserveUser(GrpcUser):
@@ -73,7 +75,8 @@ class SeqserveUser(GrpcUser):
 def _load_workload(environment, **_) -> None:
     o = environment.parsed_options
     timeout = float(o.timeout) if o.timeout not in (None, "") else None  # the web UI sends strings
-    SeqserveUser.workload = Workload(heldout_sources(o.heldout), decoding_from_args(o), timeout)
+    SeqserveUser.workload = Workload(heldout_sources(o.heldout), decoding_from_args(o), timeout,
+                                     o.source_language or "", target_languages(o.languages))
 
 
 @events.test_stop.add_listener

@@ -14,6 +14,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer
 
+from seqserve.contract.languages import LANGUAGES_FILE
 from seqserve.contract.tokenizer import check_special_ids, load_tokenizer
 from seqserve.model.config import ModelConfig
 from seqserve.model.transformer import Transformer
@@ -113,6 +114,12 @@ def special_ids_of(cfg: ModelConfig) -> dict[str, int]:
 def read_generation(directory: str | Path) -> dict:
     """The model's decoding defaults (an imported model's generation_config.json, as the manifest records them)."""
     path = Path(directory) / GENERATION
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def read_languages(directory: str | Path) -> dict:
+    """A multilingual model's languages (contract/languages.py's Languages.to_dict()), or {}."""
+    path = Path(directory) / LANGUAGES_FILE
     return json.loads(path.read_text()) if path.is_file() else {}
 
 

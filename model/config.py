@@ -11,7 +11,9 @@ MASK_FILL = -1.0e4
 LN_EPSILON = 1e-5  # every LayerNorm's epsilon (torch's and Hugging Face's default)
 
 # Architecture options (docs/architecture.md "Model options"); the first of each is the seeds' choice.
-POSITIONS = ("sinusoidal", "sinusoidal_halves", "learned")  # interleaved sin/cos; sin half then cos half (Marian)
+# interleaved sin/cos; sin half then cos half (Marian); fairseq's halves from an offset (M2M100); learned (BART)
+POSITIONS = ("sinusoidal", "sinusoidal_halves", "sinusoidal_fairseq", "learned")
+OFFSET_POSITIONS = ("learned", "sinusoidal_fairseq")  # the kinds whose position 0 may sit at a table row > 0
 ACTIVATIONS = ("relu", "gelu", "silu")  # gelu: the exact (erf) form; silu = swish
 
 
@@ -29,7 +31,7 @@ class ModelConfig:
     tie_embeddings: bool = True  # share source and target embeddings (paper 3.4)
     tie_output: bool | None = None  # output projection = target embedding; None = as tie_embeddings
     positions: str = "sinusoidal"  # one of POSITIONS
-    position_offset: int = 0  # learned: the table row of position 0 (BART: 2)
+    position_offset: int = 0  # learned / sinusoidal_fairseq: the table row of position 0 (BART: 2, M2M100: pad + 1)
     embed_norm: bool = False  # a LayerNorm after embeddings + positions (BART, mBART)
     activation: str = "relu"  # the FFN's, one of ACTIVATIONS
     scale_embeddings: bool = True  # token embeddings times sqrt(d_model) (paper 3.4)
@@ -49,9 +51,9 @@ class ModelConfig:
             raise ValueError(f"positions must be one of {POSITIONS}, got {self.positions!r}")
         if self.activation not in ACTIVATIONS:
             raise ValueError(f"activation must be one of {ACTIVATIONS}, got {self.activation!r}")
-        if self.position_offset < 0 or (self.position_offset and self.positions != "learned"):
-            raise ValueError(f"position_offset must be >= 0 and only with learned positions, got "
-                             f"{self.position_offset} with {self.positions!r}")
+        if self.position_offset < 0 or (self.position_offset and self.positions not in OFFSET_POSITIONS):
+            raise ValueError(f"position_offset must be >= 0 and only with {' or '.join(OFFSET_POSITIONS)} positions, "
+                             f"got {self.position_offset} with {self.positions!r}")
         # Resolved once, so to_dict() says exactly what the model does (frozen: set through object.__setattr__).
         if self.tie_output is None:
             object.__setattr__(self, "tie_output", self.tie_embeddings)

@@ -23,9 +23,10 @@ from tqdm import tqdm
 
 from seqserve.contract.generation import GenerationConfigError, GenerationDefaults
 from seqserve.contract.generation import load as load_generation
+from seqserve.contract.languages import LANGUAGES_FILE, Languages
 from seqserve.model import checkpoint as ck
 from seqserve.model.config import ModelConfig
-from seqserve.model.hf_tokenizer import bart_tokenizer, convert
+from seqserve.model.hf_tokenizer import TokenizerImportError, convert_multilingual
 from seqserve.model.transformer import Transformer
 
 HF_CONFIG, HF_GENERATION, HF_WEIGHTS = "config.json", "generation_config.json", "model.safetensors"
@@ -46,8 +47,9 @@ class Family:
 
     positions: str
     position_offset: int
-    norm_first: bool  # pre-LN with a final LayerNorm on each stack (mBART)
+    norm_first: bool  # pre-LN with a final LayerNorm on each stack (mBART, M2M100)
     embed_norm: bool  # layernorm_embedding
+    offset_after_pad: bool = False  # position 0 is row pad_token_id + 1 (fairseq's make_positions: M2M100, NLLB)
 
     @property
     def legacy(self) -> dict[str, bool]:
@@ -61,6 +63,7 @@ FAMILIES = {
     "marian": Family("sinusoidal_halves", 0, norm_first=False, embed_norm=False),
     "bart": Family("learned", 2, norm_first=False, embed_norm=True),
     "mbart": Family("learned", 2, norm_first=True, embed_norm=True),
+    "m2m_100": Family("sinusoidal_fairseq", 0, norm_first=True, embed_norm=False, offset_after_pad=True),
 }
 ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "silu": "silu", "swish": "silu"}
 
@@ -133,7 +136,8 @@ def model_config(hf_dir: Path, model_type: str, config: dict, unk_id: int,
             d_ff=need("encoder_ffn_dim"), dropout=0.0, max_positions=need("max_position_embeddings"),
             norm_first=family.norm_first, tie_embeddings=tie_embeddings,
             tie_output=bool(config.get("tie_word_embeddings", True)), positions=family.positions,
-            position_offset=family.position_offset, embed_norm=family.embed_norm,
+            position_offset=pad + 1 if family.offset_after_pad else family.position_offset,
+            embed_norm=family.embed_norm,
             activation=ACTIVATIONS[activation], scale_embeddings=bool(config.get("scale_embedding", False)),
             final_logits_bias=True, pad_id=pad, bos_id=bos, eos_id=eos, unk_id=unk_id, decoder_start_id=start)
     except (TypeError, ValueError) as exc:
@@ -256,21 +260,31 @@ def map_weights(hf_dir: Path, cfg: ModelConfig, tensors: dict[str, torch.Tensor]
 
 
 def _tokenizer(hf_dir: Path):
-    """(one `tokenizers` Tokenizer equal to the model's own (model/hf_tokenizer.py), the id of its unknown token)."""
-    if read_hf_config(hf_dir)[0] == "mbart":  # the architecture is mBART's; only a byte-level BPE tokenizer converts
-        if not (hf_dir / "merges.txt").is_file():
-            raise ImportRefused(f"{hf_dir}: mBART's sentencepiece tokenizer has no conversion to tokenizer.json here "
-                                "(a byte-level BPE one, vocab.json + merges.txt as BART's, has)")
-        tok = bart_tokenizer(hf_dir)
-    else:
-        tok = convert(hf_dir)
+    """(one `tokenizers` Tokenizer equal to the model's own (model/hf_tokenizer.py), the id of its unknown token,
+    the model's languages or None)."""
+    try:
+        tok, languages = convert_multilingual(hf_dir)
+    except TokenizerImportError as exc:
+        raise ImportRefused(str(exc)) from None
     settings = hf_dir / "tokenizer_config.json"
     unk = (_read_json(settings).get("unk_token") if settings.is_file() else None) or "<unk>"
     unk = unk.get("content") if isinstance(unk, dict) else unk
     unk_id = tok.token_to_id(unk)
     if unk_id is None:
         raise ImportRefused(f"{settings}: unk_token {unk!r} is not in the tokenizer's vocabulary")
-    return tok, unk_id
+    return tok, unk_id, languages
+
+
+def _write_languages(hf_dir: Path, out: Path, cfg: ModelConfig, languages: Languages | None) -> None:
+    """languages.json for a multilingual model (each language token inside the model's vocabulary)."""
+    (out / LANGUAGES_FILE).unlink(missing_ok=True)
+    if languages is None:
+        return
+    outside = [code for code, token in languages.codes.items() if token >= cfg.vocab_size]
+    if outside:
+        raise ImportRefused(f"{hf_dir / HF_CONFIG}: vocab_size={cfg.vocab_size} leaves out the token(s) of language "
+                            f"code(s) {outside[:3]}")
+    ck.write_json_atomic(out / LANGUAGES_FILE, languages.to_dict())
 
 
 def import_model(hf_dir: str | Path, out: str | Path, progress: bool = True) -> ModelConfig:
@@ -284,7 +298,7 @@ def import_model(hf_dir: str | Path, out: str | Path, progress: bool = True) -> 
         generation = load_generation(hf_dir)
     except GenerationConfigError as exc:
         raise ImportRefused(str(exc)) from None
-    tokenizer, unk_id = _tokenizer(hf_dir)
+    tokenizer, unk_id, languages = _tokenizer(hf_dir)
     cfg = model_config(hf_dir, model_type, config, unk_id, generation)
     if tokenizer.get_vocab_size() > cfg.vocab_size:
         raise ImportRefused(f"{hf_dir}: the tokenizer has {tokenizer.get_vocab_size()} tokens, more than "
@@ -295,6 +309,7 @@ def import_model(hf_dir: str | Path, out: str | Path, progress: bool = True) -> 
     ck.save_weights(model, out / ck.WEIGHTS)
     tokenizer.save(str(out / ck.TOKENIZER))
     ck.write_json_atomic(out / ck.GENERATION, generation.to_dict())
+    _write_languages(hf_dir, out, cfg, languages)
     for name in ("README.md", "LICENSE"):  # a model's terms travel with it
         if (hf_dir / name).is_file():
             shutil.copyfile(hf_dir / name, out / name)

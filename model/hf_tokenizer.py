@@ -16,8 +16,15 @@ from pathlib import Path
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
-MARIAN, BART = "marian", "bart"
-FAMILIES = (MARIAN, BART)
+from seqserve.contract.languages import PREFIX, SUFFIX, Languages
+
+MARIAN, BART, M2M100, MBART = "marian", "bart", "m2m_100", "mbart"
+FAMILIES = (MARIAN, BART, M2M100, MBART)
+# tokenizer_config.json's tokenizer_class of the multilingual tokenizers that transformers 5 runs on `tokenizers`
+# (their module's FAIRSEQ_LANGUAGE_CODES, and where the source language token goes)
+BACKEND_MULTILINGUAL = {"NllbTokenizer": ("nllb", "tokenization_nllb"),
+                        "MBart50Tokenizer": ("mbart50", "tokenization_mbart50"),
+                        "MBartTokenizer": ("mbart", "tokenization_mbart")}
 SPIECE_UNDERLINE = "▁"
 # Python's str.strip() removes exactly these (str.isspace); MarianTokenizer.convert_tokens_to_string ends with it.
 _PY_WHITESPACE = "".join(c for c in map(chr, range(0x110000)) if c.isspace())
@@ -31,13 +38,29 @@ class TokenizerImportError(ValueError):
 
 
 def convert(hf_dir: str | Path) -> Tokenizer:
-    """The model directory's tokenizer (config.json's model_type picks the family) as one `tokenizers` Tokenizer."""
+    """The model directory's tokenizer (config.json's model_type picks the family) as one `tokenizers` Tokenizer
+    (a multilingual one without its source language token: see convert_multilingual)."""
+    return convert_multilingual(hf_dir)[0]
+
+
+def convert_multilingual(hf_dir: str | Path) -> tuple[Tokenizer, Languages | None]:
+    """(the tokenizer, the model's languages or None). A multilingual tokenizer encodes `text </s>`; the source
+    language token is placed by Languages.source_ids (contract/languages.py)."""
     hf_dir = Path(hf_dir)
     family = model_type(hf_dir)
     if family == MARIAN:
-        return marian_tokenizer(hf_dir)
-    if family == BART:
-        return bart_tokenizer(hf_dir)
+        return marian_tokenizer(hf_dir), None
+    if family == BART or (family == MBART and (hf_dir / "merges.txt").is_file()):  # mBART's architecture, BART's BPE
+        return bart_tokenizer(hf_dir), None
+    if family in (M2M100, MBART):
+        settings = hf_dir / "tokenizer_config.json"
+        name = str(_read_json(settings).get("tokenizer_class", "")).removesuffix("Fast")
+        if name in BACKEND_MULTILINGUAL:
+            return backend_multilingual(hf_dir, name)
+        if family == M2M100 and name in ("M2M100Tokenizer", ""):
+            return m2m100_tokenizer(hf_dir)
+        raise TokenizerImportError(f"{settings}: tokenizer_class {name!r} is not supported for model_type {family} "
+                                   f"(supported: {', '.join(['M2M100Tokenizer', *BACKEND_MULTILINGUAL])})")
     raise TokenizerImportError(f"{hf_dir / 'config.json'}: model_type {family!r} has no tokenizer conversion "
                                f"(supported: {', '.join(FAMILIES)})")
 
@@ -80,18 +103,44 @@ def marian_tokenizer(hf_dir: Path) -> Tokenizer:
         if config.get(flag):
             raise TokenizerImportError(f"{hf_dir / 'tokenizer_config.json'}: {flag}=true is not supported")
     vocab = _read_json(hf_dir / "vocab.json")
-    specials = {name: config.get(name, default) for name, default in
-                (("eos_token", "</s>"), ("unk_token", "<unk>"), ("pad_token", "<pad>"))}
+    if any(piece.startswith(">>") and piece.endswith("<<") for piece in vocab):
+        raise TokenizerImportError(f"{hf_dir / 'vocab.json'}: target-language codes (>>xx<<) are not supported yet")
+    return _spm_vocab_tokenizer(hf_dir, "source.spm", vocab, config, ("eos_token", "unk_token", "pad_token"), [])
+
+
+def m2m100_tokenizer(hf_dir: Path) -> tuple[Tokenizer, Languages]:
+    """M2M100Tokenizer (a Python tokenizer over sentencepiece, as Marian's) rebuilt the same way from
+    sentencepiece.bpe.model and vocab.json; its language tokens `__fr__` follow vocab.json (id len(vocab) + i, in
+    transformers' FAIRSEQ_LANGUAGE_CODES order), named by their code (`fr`), placed before the source."""
+    from transformers.models.m2m_100.tokenization_m2m_100 import FAIRSEQ_LANGUAGE_CODES
+
+    config = _read_json(hf_dir / "tokenizer_config.json") if (hf_dir / "tokenizer_config.json").is_file() else {}
+    family = config.get("language_codes", "m2m100")
+    if family not in FAIRSEQ_LANGUAGE_CODES:
+        raise TokenizerImportError(f"{hf_dir / 'tokenizer_config.json'}: language_codes {family!r} is not one of "
+                                   f"{sorted(FAIRSEQ_LANGUAGE_CODES)}")
+    vocab = _read_json(hf_dir / "vocab.json")
+    codes = FAIRSEQ_LANGUAGE_CODES[family]
+    added = [(f"__{code}__", len(vocab) + i) for i, code in enumerate(codes)]
+    tok = _spm_vocab_tokenizer(hf_dir, "sentencepiece.bpe.model", vocab, config,
+                               ("bos_token", "eos_token", "unk_token", "pad_token"), added)
+    return tok, Languages({code: token for code, (_, token) in zip(codes, added)}, PREFIX)
+
+
+def _spm_vocab_tokenizer(hf_dir: Path, spm_name: str, vocab: dict[str, int], config: dict, special_names: tuple,
+                         added: list[tuple[str, int]]) -> Tokenizer:
+    """A Python sentencepiece tokenizer whose ids come from vocab.json (Marian, M2M100) as one Unigram tokenizer:
+    `text </s>`, with `added` special tokens (token, id) appended after vocab.json in id order."""
+    defaults = {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>"}
+    specials = {name: config.get(name, defaults[name]) for name in special_names}
     specials = {name: token["content"] if isinstance(token, dict) else str(token) for name, token in specials.items()}
     for name, token in specials.items():
         if token not in vocab:
             raise TokenizerImportError(f"{hf_dir / 'vocab.json'}: no entry for {name} {token!r}")
-    if any(piece.startswith(">>") and piece.endswith("<<") for piece in vocab):
-        raise TokenizerImportError(f"{hf_dir / 'vocab.json'}: target-language codes (>>xx<<) are not supported yet")
-    proto = _spm_proto(hf_dir / "source.spm")
+    proto = _spm_proto(hf_dir / spm_name)
     pieces = _unigram_vocab(hf_dir, proto, vocab)
     tok = Tokenizer(models.Unigram(pieces, unk_id=vocab[specials["unk_token"]], byte_fallback=False))
-    tok.normalizer = _spm_normalizer(hf_dir / "source.spm", proto)
+    tok.normalizer = _spm_normalizer(hf_dir / spm_name, proto)
     tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement=SPIECE_UNDERLINE, prepend_scheme="always", split=True)
     tok.decoder = decoders.Sequence([
         decoders.Replace(SPIECE_UNDERLINE, " "),
@@ -99,8 +148,12 @@ def marian_tokenizer(hf_dir: Path) -> Tokenizer:
         decoders.Replace(Regex(f"^[{_PY_WHITESPACE}]+|[{_PY_WHITESPACE}]+$"), ""),
     ])
     # The Python tokenizer splits its special tokens out of the text before sentencepiece sees it.
-    tok.add_special_tokens([AddedToken(specials[name], special=True, normalized=False)
-                            for name in ("eos_token", "unk_token", "pad_token")])
+    tok.add_special_tokens([AddedToken(specials[name], special=True, normalized=False) for name in special_names])
+    tok.add_special_tokens([AddedToken(token, special=True, normalized=False) for token, _ in added])
+    wrong = [(token, want, tok.token_to_id(token)) for token, want in added if tok.token_to_id(token) != want]
+    if wrong:
+        raise TokenizerImportError(f"{hf_dir / 'vocab.json'}: token {wrong[0][0]!r} would get id {wrong[0][2]}, "
+                                   f"the model's is {wrong[0][1]}")
     eos = specials["eos_token"]
     tok.post_processor = processors.TemplateProcessing(single=f"$A {eos}", pair=f"$A $B {eos}",
                                                        special_tokens=[(eos, vocab[eos])])
@@ -180,3 +233,35 @@ def bart_tokenizer(hf_dir: Path) -> Tokenizer:
     tok.no_padding()
     tok.no_truncation()
     return tok
+
+
+# -- NLLB, mBART-50, mBART (transformers 5 runs them on `tokenizers`) -------------------------------------------
+
+def backend_multilingual(hf_dir: Path, class_name: str) -> tuple[Tokenizer, Languages]:
+    """The tokenizer's own `tokenizers` backend with its post-processor made language-free (`text </s>`), and its
+    language codes (those of the class's FAIRSEQ_LANGUAGE_CODES that are special tokens of the tokenizer).
+    Source placement: NLLB puts the source language first unless legacy_behaviour (then after </s>); mBART-50
+    first; mBART-cc25 after </s>."""
+    import importlib
+
+    from transformers import AutoTokenizer
+
+    package, module = BACKEND_MULTILINGUAL[class_name]
+    codes = importlib.import_module(f"transformers.models.{package}.{module}").FAIRSEQ_LANGUAGE_CODES
+    original = AutoTokenizer.from_pretrained(str(hf_dir))
+    backend = getattr(original, "backend_tokenizer", None)
+    if backend is None:
+        raise TokenizerImportError(f"{hf_dir}: transformers loaded {type(original).__name__}, which has no "
+                                   "`tokenizers` backend")
+    tok = Tokenizer.from_str(backend.to_str())
+    eos, eos_id = original.eos_token, original.eos_token_id
+    tok.post_processor = processors.TemplateProcessing(single=f"$A {eos}", pair=f"$A $B {eos}",
+                                                       special_tokens=[(eos, eos_id)])
+    tok.no_padding()
+    tok.no_truncation()
+    special = {i for i, added in tok.get_added_tokens_decoder().items() if added.special}
+    found = {code: tok.token_to_id(code) for code in codes if tok.token_to_id(code) in special}
+    if not found:
+        raise TokenizerImportError(f"{hf_dir}: {class_name} has none of its language codes as special tokens")
+    legacy = class_name == "MBartTokenizer" or bool(getattr(original, "legacy_behaviour", False))
+    return tok, Languages(found, SUFFIX if legacy else PREFIX)

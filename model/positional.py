@@ -1,5 +1,5 @@
-"""Position encodings: the paper's sinusoids (section 3.5), interleaved or in halves (Marian), or a learned table
-with an offset (BART); and the token embedding's scale (3.4)."""
+"""Position encodings: the paper's sinusoids (section 3.5), interleaved or in halves (Marian), fairseq's sinusoids
+from an offset (M2M100, NLLB), or a learned table with an offset (BART); and the token embedding's scale (3.4)."""
 from __future__ import annotations
 
 import math
@@ -26,6 +26,17 @@ def sinusoid_table(max_positions: int, d_model: int, halves: bool = False) -> to
     return table.to(torch.float32)  # computed in float64 so large positions stay accurate
 
 
+def fairseq_sinusoid_table(rows: int, d_model: int) -> torch.Tensor:
+    """M2M100's (fairseq's) table: sin(pos * w_i) in the first half and cos in the second, w_i = 10000^(-i/(h-1))
+    with h = d/2 (not the paper's 10000^(-2i/d)); an odd d_model gets a zero last column."""
+    half = d_model // 2
+    freq = torch.exp(torch.arange(half, dtype=torch.float64) * -(math.log(10000.0) / (half - 1)))  # (D/2,)
+    angle = torch.arange(rows, dtype=torch.float64).unsqueeze(1) * freq.unsqueeze(0)  # (P, D/2)
+    table = torch.zeros(rows, d_model, dtype=torch.float64)
+    table[:, :half], table[:, half: 2 * half] = torch.sin(angle), torch.cos(angle)
+    return table.to(torch.float32)
+
+
 class PositionalEncoding(nn.Module):
     """embedding * scale + table[position + offset], looked up by index, so every row of a batch may sit at its own
     absolute position. A sinusoid table is a buffer (not saved); a learned one is a parameter `table`."""
@@ -35,6 +46,8 @@ class PositionalEncoding(nn.Module):
         super().__init__()
         if kind == "learned":
             self.table = nn.Parameter(torch.zeros(max_positions + offset, d_model))  # (P + offset, D)
+        elif kind == "sinusoidal_fairseq":  # position 0 is row `offset` (M2M100: padding_idx + 1)
+            self.register_buffer("table", fairseq_sinusoid_table(max_positions + offset, d_model), persistent=False)
         else:
             self.register_buffer("table", sinusoid_table(max_positions, d_model, kind == "sinusoidal_halves"),
                                  persistent=False)

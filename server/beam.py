@@ -114,11 +114,11 @@ class Beams:
             self._n_top += bool(p.top_logprobs)
 
     def _constrained(self, raw: np.ndarray, top: np.ndarray, log_z: np.ndarray, length: np.ndarray,
-                     max_new: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                     max_new: np.ndarray, first: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The rows' log-probabilities (R, V) float64 after the token rules (renormalised when the model asks), as
         (raw, top, log_z) with top = log_z = 0, so the selection below reads them unchanged."""
         lp = np.subtract(raw, top, dtype=np.float64) - log_z[:, None]  # (R, V)
-        self.constraints.apply(lp, length, max_new)
+        self.constraints.apply(lp, length, max_new, first=first)
         if self.constraints.renormalize:
             lp = log_softmax(lp)
         return lp, np.zeros_like(top), np.zeros_like(log_z)
@@ -156,7 +156,7 @@ class Beams:
         e = np.subtract(raw, top, dtype=np.float64)  # (R, V) x - max in float64, as sampling.log_softmax
         log_z = np.log(np.exp(e, out=e).sum(axis=1))  # (R,) the model's distribution, before min_new_tokens
         if self.constraints.active:  # the model's token rules act on log-probabilities, as HF's processors on beams
-            raw, top, log_z = self._constrained(raw, top, log_z, length, slots.max_new[rows])
+            raw, top, log_z = self._constrained(raw, top, log_z, length, slots.max_new[rows], slots.first[rows])
         tops = {i: top_alternatives(_shifted(raw, top, i) - log_z[i], int(self._top_n[rows[i]]))
                 for i in np.flatnonzero(self._top_n[rows]).tolist()} if self._n_top else {}
         no_eos = length < slots.min_new[rows]  # (R,) HF masks the end token after log_softmax

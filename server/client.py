@@ -168,36 +168,51 @@ class Client:
         self.channel = connection.channel(address)
         self.stub = pb_grpc.GenerationStub(self.channel)
 
-    def generate(self, input: str, *, timeout: float | None = None, **decoding) -> Result:
-        m = self.generate_response(input, timeout=timeout, **decoding)
+    def generate(self, input: str, *, timeout: float | None = None, source_language: str = "",
+                 target_language: str = "", **decoding) -> Result:
+        """source_language / target_language: a multilingual model's codes (model_info()["languages"])."""
+        m = self.generate_response(input, timeout=timeout, source_language=source_language,
+                                   target_language=target_language, **decoding)
         return _result(m, m.text, list(m.token_ids))
 
-    def generate_response(self, input: str, *, timeout: float | None = None, **decoding) -> pb.GenerateResponse:
+    def generate_response(self, input: str, *, timeout: float | None = None, source_language: str = "",
+                          target_language: str = "", **decoding) -> pb.GenerateResponse:
         """The server's GenerateResponse itself (`seqserve generate --json` prints it)."""
-        return self.stub.Generate(pb.GenerateRequest(input=input, options=options(**decoding)),
+        return self.stub.Generate(pb.GenerateRequest(input=input, options=options(**decoding),
+                                                     source_language=source_language, target_language=target_language),
                                   timeout=timeout or self.timeout)
 
-    def stream(self, input: str, *, timeout: float | None = None, **decoding) -> Iterator[Piece]:
+    def stream(self, input: str, *, timeout: float | None = None, source_language: str = "",
+               target_language: str = "", **decoding) -> Iterator[Piece]:
         """Yields pieces as the server produces them; breaking out of the loop cancels the call."""
         text, ids = [], []
-        for m in self.stream_responses(input, timeout=timeout, **decoding):
+        for m in self.stream_responses(input, timeout=timeout, source_language=source_language,
+                                       target_language=target_language, **decoding):
             text.append(m.text)
             ids += m.token_ids
             final = _result(m, "".join(text), ids) if m.finish_reason else None
             yield Piece(m.text, list(m.token_ids), final)
 
-    def stream_responses(self, input: str, *, timeout: float | None = None,
-                         **decoding) -> Iterator[pb.GenerateStreamResponse]:
+    def stream_responses(self, input: str, *, timeout: float | None = None, source_language: str = "",
+                         target_language: str = "", **decoding) -> Iterator[pb.GenerateStreamResponse]:
         """The server's GenerateStreamResponse messages themselves; breaking out of the loop cancels the call."""
-        call = self.stub.GenerateStream(pb.GenerateRequest(input=input, options=options(**decoding)),
+        call = self.stub.GenerateStream(pb.GenerateRequest(input=input, options=options(**decoding),
+                                                           source_language=source_language,
+                                                           target_language=target_language),
                                         timeout=timeout or self.timeout)
         try:
             yield from call
         finally:
             call.cancel()  # no-op once the stream ended; frees the server's row if the caller stopped early
 
-    def generate_batch(self, inputs: list[str], *, timeout: float | None = None, **decoding) -> list[Result]:
-        m = self.stub.GenerateBatch(pb.GenerateBatchRequest(inputs=inputs, options=options(**decoding)),
+    def generate_batch(self, inputs: list[str], *, timeout: float | None = None, source_language: str = "",
+                       target_language: str = "", target_languages: list[str] | None = None,
+                       **decoding) -> list[Result]:
+        """target_languages: one target language per input (instead of target_language for all)."""
+        m = self.stub.GenerateBatch(pb.GenerateBatchRequest(inputs=inputs, options=options(**decoding),
+                                                            source_language=source_language,
+                                                            target_language=target_language,
+                                                            target_languages=target_languages or []),
                                     timeout=timeout or self.timeout)
         return [_result(r, r.text, list(r.token_ids)) for r in m.results]
 
@@ -209,7 +224,8 @@ class Client:
                 "quality": dict(m.quality), "limits": {f.name: getattr(m.limits, f.name)
                                                        for f in pb.Limits.DESCRIPTOR.fields},
                 "option_ranges": {k: {"min": r.min, "max": r.max, "min_exclusive": r.min_exclusive}
-                                  for k, r in m.option_ranges.items()}}
+                                  for k, r in m.option_ranges.items()},
+                "languages": dict(m.languages), "source_language_placement": m.source_language_placement}
 
     def close(self) -> None:
         self.channel.close()

@@ -37,7 +37,8 @@ class Engine(Stepping):
         self.stream_interval = stream_interval  # a stream's message carries this many tokens (the last one fewer)
         special = runner.manifest.special_tokens
         self.eos_id = special["eos_id"]
-        self.constraints = Constraints.from_generation(runner.manifest.generation)  # the model's token rules
+        self.constraints = Constraints.from_generation(  # the model's token rules; a target language per row
+            runner.manifest.generation, per_row_first=bool(runner.manifest.languages))
         self.banned = self.constraints.never_sampled(special)  # never sampled
         self._running: dict[Request, Running] = {}  # every running greedy or sampled request's record
         self._views: tuple[list[Running], ...] | None = None  # running.views: None when a record joined or left
@@ -107,7 +108,7 @@ class Engine(Stepping):
         single = slots.live[:hi] & ~self.beams.owns()  # (hi,) rows whose token is chosen here (beams: below)
         lps = {rec: log_softmax(logits[rec.slot]) for rec in scored}  # the model's, before anything masks them
         if self.constraints.active:  # greedy and sampled rows: on the logits (beams: on their log-probabilities)
-            self.constraints.apply(logits[:hi], slots.length[:hi], slots.max_new[:hi], single)
+            self.constraints.apply(logits[:hi], slots.length[:hi], slots.max_new[:hi], single, slots.first[:hi])
         chosen = choose(logits, {}, self.eos_id, self.banned, single & (slots.length[:hi] < slots.min_new[:hi]))
         if sampled:  # (each phase is skipped outright when no row needs it: batch 1 pays per call)
             self._each(sampled, lambda rec: self._sample(rec, logits, chosen))

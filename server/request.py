@@ -154,6 +154,7 @@ class Request:
     sink: Sink = NO_SINK  # receives this request's Events
     stream: bool = False  # True: an Event per step with the new text; False: only the final Event
     deadline: float | None = None  # time.monotonic() by which the request must end
+    forced_bos: int | None = None  # this row's forced first token (the target language's), over the model's own
     id: int = field(default_factory=lambda: next(_ids))
     arrival: float = field(default_factory=time.monotonic)
     status: RequestStatus = RequestStatus.WAITING

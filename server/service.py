@@ -19,8 +19,10 @@ import grpc
 from seqserve.contract.decoding import FLOAT_RANGES
 from seqserve.server import options
 from seqserve.server.finish import ERROR_MESSAGE
+from seqserve.contract.languages import Languages
 from seqserve.server.handlers import Undecodable, add_generation_service
 from seqserve.server.inflight import Call, InFlight
+from seqserve.server.languages import LanguageRefused, RequestLanguages, resolve
 from seqserve.server.metrics import Metrics
 from seqserve.server.outbox import Outbox
 from seqserve.server.request import FinishReason, Request, Result, SamplingParams, Sequence
@@ -58,6 +60,7 @@ class GenerationService(pb_grpc.GenerationServicer):
         self.metrics = metrics
         self.engine = self.tokenizer = self.limits = self.info = None
         self.defaults = options.NO_DEFAULTS  # the model's generation defaults: options a request leaves unset take them
+        self.languages: Languages | None = None  # a multilingual model's (the manifest's)
         self._max_chars = 0  # inputs longer than this cannot fit max_input_tokens: refused before tokenising
         self.outbox: Outbox | None = None  # the engine's events for this event loop
         self.draining = False
@@ -73,6 +76,10 @@ class GenerationService(pb_grpc.GenerationServicer):
         config = {k: _config_value(v) for k, v in model.pop("config").items()}
         self.info = pb.ModelInfo(limits=pb.Limits(**dataclasses.asdict(limits)), config=config,
                                  option_ranges=_option_ranges(), **model)
+        self.languages = Languages.from_dict(engine.runner.manifest.languages)
+        if self.languages is not None:
+            self.info.languages.update(self.languages.codes)
+            self.info.source_language_placement = self.languages.source_placement
         self.metrics.model.info({"provider": model["execution_provider"], "variant": model["variant"],
                                  "bundle_format_version": str(model["bundle_format_version"]),
                                  "onnxruntime_version": model["onnxruntime_version"]})
@@ -144,15 +151,15 @@ class GenerationService(pb_grpc.GenerationServicer):
 
     async def Generate(self, request: pb.GenerateRequest, context) -> pb.GenerateResponse:
         async with self._call("Generate", context, request) as call:
-            params = self._params(request.options)
-            row = self._new_request(call, request.input, "input", params, stream=False)
+            params, langs = self._params(request.options), self._languages(request)
+            row = self._new_request(call, request.input, "input", params, stream=False, langs=langs)
             self._submit(call, [row])
             return _response(await self._result(call.rows[0][1]))
 
     async def GenerateStream(self, request: pb.GenerateRequest, context):
         async with self._call("GenerateStream", context, request) as call:
-            params = self._params(request.options)
-            row = self._new_request(call, request.input, "input", params, stream=True)
+            params, langs = self._params(request.options), self._languages(request)
+            row = self._new_request(call, request.input, "input", params, stream=True, langs=langs)
             self._submit(call, [row])
             queue = call.rows[0][1]
             while True:
@@ -179,8 +186,8 @@ class GenerationService(pb_grpc.GenerationServicer):
             n, most = len(request.inputs), self.limits.max_batch_inputs
             _check(n > 0, "inputs must not be empty")
             _check(n <= most, f"inputs has {n} entries, more than max_batch_inputs={most}")
-            params = self._params(request.options)
-            rows = [self._new_request(call, text, f"inputs[{i}]", params, stream=False)
+            params, langs = self._params(request.options), self._batch_languages(request)
+            rows = [self._new_request(call, text, f"inputs[{i}]", params, stream=False, langs=langs[i])
                     for i, text in enumerate(request.inputs)]
             self._submit(call, rows)
             results = [await self._result(queue) for _, queue in call.rows]  # all run at once in the engine
@@ -198,16 +205,41 @@ class GenerationService(pb_grpc.GenerationServicer):
         except options.InvalidOption as exc:
             raise Rejected(Code.INVALID_ARGUMENT, str(exc), "invalid_argument") from None
 
-    def _new_request(self, call: Call, text: str, field: str, params: SamplingParams, stream: bool) -> Request:
+    def _languages(self, request) -> RequestLanguages | None:
+        """The request's source and target languages, checked against the model's (server/languages.py)."""
+        try:
+            return resolve(self.languages, request.source_language, request.target_language)
+        except LanguageRefused as exc:
+            raise Rejected(Code.INVALID_ARGUMENT, str(exc), "invalid_argument") from None
+
+    def _batch_languages(self, request: pb.GenerateBatchRequest) -> list[RequestLanguages | None]:
+        """Each input's languages: target_languages[i] when the call names one per input, else target_language."""
+        n, targets = len(request.inputs), list(request.target_languages)
+        if not targets:
+            return [self._languages(request)] * n
+        _check(len(targets) == n, f"target_languages has {len(targets)} entries; it must be empty or have one per "
+                                  f"input ({n})")
+        _check(not request.target_language, "target_language and target_languages cannot both be set")
+        try:
+            return [resolve(self.languages, request.source_language, target, f"target_languages[{i}]")
+                    for i, target in enumerate(targets)]
+        except LanguageRefused as exc:
+            raise Rejected(Code.INVALID_ARGUMENT, str(exc), "invalid_argument") from None
+
+    def _new_request(self, call: Call, text: str, field: str, params: SamplingParams, stream: bool,
+                     langs: RequestLanguages | None = None) -> Request:
         _check(text.strip() != "", f"{field} must not be empty or whitespace")
         most = self.limits.max_input_tokens
         _check(len(text) <= self._max_chars, f"{field} has {len(text)} characters, more than "
                                              f"max_input_tokens={most} tokens can hold")
         ids = self.tokenizer.encode(text).ids
+        if langs is not None:  # the source language token, where the model's tokenizer puts it
+            ids = self.languages.source_ids(ids, langs.source)
         _check(len(ids) <= most, f"{field} has {len(ids)} tokens, more than max_input_tokens={most}")
         if params.seed is None:
             params = dataclasses.replace(params, seed=secrets.randbits(64))  # returned to the client
-        return Request(ids, params, sink=self._outbox(), stream=stream, deadline=call.deadline)
+        return Request(ids, params, sink=self._outbox(), stream=stream, deadline=call.deadline,
+                       forced_bos=None if langs is None else langs.target_token)
 
     def _outbox(self) -> Outbox:
         """The sink for requests of this event loop (made on the loop, once)."""

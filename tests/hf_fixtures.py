@@ -1,9 +1,11 @@
 """Tiny random-weight Hugging Face models in `save_pretrained` form, built here (the hub is unreachable), and a
 corpus of real strings to test tokenizers on.
 
-`build_marian(dir)` / `build_bart(dir)` write config.json, generation_config.json, model.safetensors and the
-tokenizer files of a model laid out like opus-mt (Marian) or facebook/bart (BART), with a tokenizer trained here:
-sentencepiece for Marian, a byte-level BPE from `tokenizers` for BART. Seeded and deterministic; the default sizes
+`build_marian(dir)` / `build_bart(dir)` / `build_m2m100(dir)` / `build_nllb(dir)` / `build_mbart50(dir)` write
+config.json, generation_config.json, model.safetensors and the tokenizer files of a model laid out like opus-mt
+(Marian), facebook/bart (BART), facebook/m2m100, facebook/nllb-200 or facebook/mbart-large-50, with a tokenizer
+trained here: sentencepiece for Marian, M2M100 and mBART-50, a BPE from `tokenizers` for NLLB, a byte-level BPE for
+BART. Seeded and deterministic; the default sizes
 build in seconds. `build_marian(dir, MARIAN_BASE)` is opus-mt's size, for benchmarks only.
 
 `real_strings()` is >= 1,000 real strings: number sentences in four languages (model/verbalise.py), English
@@ -20,8 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 SEED = 0
-MARIAN, BART = "marian", "bart"
-FAMILIES = (MARIAN, BART)
+MARIAN, BART, M2M100, NLLB, MBART50 = "marian", "bart", "m2m_100", "nllb", "mbart50"
+FAMILIES = (MARIAN, BART, M2M100, NLLB, MBART50)
+MULTILINGUAL = (M2M100, NLLB, MBART50)
 # Odd inputs a tokenizer must encode exactly as the original does (whitespace runs, invisible characters, scripts
 # and symbols the tokenizers never saw in training).
 ODD_STRINGS = (
@@ -230,7 +233,134 @@ def build_bart(directory: str | Path, size: HfSize = TINY, seed: int = SEED) -> 
     return directory
 
 
-BUILDERS = {MARIAN: build_marian, BART: build_bart}
+# -- multilingual: M2M100 (facebook/m2m100 layout) and mBART-50 (facebook/mbart-large-50 layout) -------------------
+
+def _fairseq_vocab(spm_bytes: bytes) -> dict[str, int]:
+    """fairseq's dictionary order (M2M100's vocab.json): <s> 0, <pad> 1, </s> 2, <unk> 3, then the pieces."""
+    import sentencepiece as spm
+
+    sp = spm.SentencePieceProcessor(model_proto=spm_bytes)
+    pieces = [sp.id_to_piece(i) for i in range(sp.get_piece_size())]
+    ordered = ["<s>", "<pad>", "</s>", "<unk>"] + [p for p in pieces if p not in ("<unk>", "<s>", "</s>")]
+    return {piece: i for i, piece in enumerate(ordered)}
+
+
+def build_m2m100(directory: str | Path, size: HfSize = TINY, seed: int = SEED) -> Path:
+    """M2M100: sentencepiece.bpe.model + vocab.json (fairseq order), 100 language tokens `__xx__` after it, fairseq
+    sinusoidal positions, pre-LN, relu; the target language is forced as the first generated token."""
+    import torch
+    from transformers import GenerationConfig, M2M100Config, M2M100ForConditionalGeneration, M2M100Tokenizer
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    spm_bytes = _train_sentencepiece(training_strings(), size.vocab)
+    (directory / "sentencepiece.bpe.model").write_bytes(spm_bytes)
+    vocab = _fairseq_vocab(spm_bytes)
+    (directory / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False, indent=2))
+    from transformers.models.m2m_100.tokenization_m2m_100 import FAIRSEQ_LANGUAGE_CODES
+
+    # the language tokens are special, as facebook/m2m100's tokenizer_config.json lists them (transformers 5 does
+    # not add them itself)
+    tokenizer = M2M100Tokenizer(str(directory / "vocab.json"), str(directory / "sentencepiece.bpe.model"),
+                                src_lang="en", tgt_lang="fr", model_max_length=size.max_positions,
+                                additional_special_tokens=[f"__{c}__" for c in FAIRSEQ_LANGUAGE_CODES["m2m100"]])
+    tokenizer.save_pretrained(directory)
+    # The vocabulary ends with the language tokens. (A vocab_size beyond the tokenizer, e.g. for M2M100Tokenizer's
+    # num_madeup_words, leaves ids that transformers decodes as "<unk>" and seqserve as nothing; a random model
+    # would generate them, a trained one does not.)
+    config = M2M100Config(
+        vocab_size=len(vocab) + len(tokenizer.lang_code_to_id), d_model=size.d_model,
+        encoder_layers=size.layers, decoder_layers=size.layers, encoder_attention_heads=size.heads,
+        decoder_attention_heads=size.heads, encoder_ffn_dim=size.ffn, decoder_ffn_dim=size.ffn,
+        max_position_embeddings=size.max_positions, activation_function="relu", scale_embedding=True,
+        pad_token_id=1, bos_token_id=0, eos_token_id=2, decoder_start_token_id=2, init_std=size.init_std,
+        encoder_layerdrop=0.0, decoder_layerdrop=0.0,
+    )
+    torch.manual_seed(seed)
+    model = M2M100ForConditionalGeneration(config).eval()
+    model.generation_config = GenerationConfig(bos_token_id=0, decoder_start_token_id=2, eos_token_id=2,
+                                               pad_token_id=1, max_length=min(size.max_positions, 200), num_beams=5,
+                                               early_stopping=True)
+    model.save_pretrained(directory)
+    return directory
+
+
+def _sentencepiece_bpe(texts: list[str], vocab: int) -> tuple[dict[str, int], list[tuple[str, str]]]:
+    """A BPE over '▁'-marked words, as NLLB's tokenizer.json holds one: (vocab with <s> <pad> </s> <unk> at 0..3,
+    merges)."""
+    from tokenizers import SentencePieceBPETokenizer
+
+    bpe = SentencePieceBPETokenizer(replacement="▁", add_prefix_space=True)
+    bpe.train_from_iterator(texts, vocab_size=vocab, special_tokens=["<s>", "<pad>", "</s>", "<unk>"],
+                            show_progress=False)
+    model = json.loads(bpe.to_str())["model"]
+    return model["vocab"], [tuple(m) for m in model["merges"]]
+
+
+def build_nllb(directory: str | Path, size: HfSize = TINY, seed: int = SEED, legacy: bool = False) -> Path:
+    """NLLB: M2M100's architecture (model_type m2m_100) with NllbTokenizer (a BPE on `tokenizers`, 202 language
+    codes `fra_Latn` after the vocabulary, then <mask>); the source language token comes first, or after </s> with
+    legacy_behaviour."""
+    import torch
+    from transformers import GenerationConfig, M2M100Config, M2M100ForConditionalGeneration, NllbTokenizer
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    vocab, merges = _sentencepiece_bpe(training_strings(), size.vocab)
+    tokenizer = NllbTokenizer(vocab=vocab, merges=merges, src_lang="eng_Latn", tgt_lang="fra_Latn",
+                              legacy_behaviour=legacy, model_max_length=size.max_positions)
+    tokenizer.save_pretrained(directory)
+    config = M2M100Config(
+        vocab_size=len(tokenizer), d_model=size.d_model, encoder_layers=size.layers, decoder_layers=size.layers,
+        encoder_attention_heads=size.heads, decoder_attention_heads=size.heads, encoder_ffn_dim=size.ffn,
+        decoder_ffn_dim=size.ffn, max_position_embeddings=size.max_positions, activation_function="relu",
+        scale_embedding=True, pad_token_id=1, bos_token_id=0, eos_token_id=2, decoder_start_token_id=2,
+        init_std=size.init_std, encoder_layerdrop=0.0, decoder_layerdrop=0.0, tokenizer_class="NllbTokenizer",
+    )
+    torch.manual_seed(seed)
+    model = M2M100ForConditionalGeneration(config).eval()
+    model.generation_config = GenerationConfig(bos_token_id=0, decoder_start_token_id=2, eos_token_id=2,
+                                               pad_token_id=1, max_length=min(size.max_positions, 200))
+    model.save_pretrained(directory)
+    return directory
+
+
+def build_mbart50(directory: str | Path, size: HfSize = TINY, seed: int = SEED) -> Path:
+    """mBART-50: sentencepiece.bpe.model converted by transformers' MBart50Tokenizer (fairseq ids, then 52 language
+    codes `en_XX`, then <mask>), learned positions + 2, pre-LN with final norms, embedding LayerNorm, gelu."""
+    import torch
+    from transformers import GenerationConfig, MBart50Tokenizer, MBartConfig, MBartForConditionalGeneration
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "sentencepiece.bpe.model").write_bytes(_train_sentencepiece(training_strings(), size.vocab))
+    tokenizer = MBart50Tokenizer.from_pretrained(str(directory), src_lang="en_XX", tgt_lang="ro_RO",
+                                                 model_max_length=size.max_positions)
+    tokenizer.save_pretrained(directory)
+    config = MBartConfig(
+        vocab_size=len(tokenizer), d_model=size.d_model, encoder_layers=size.layers, decoder_layers=size.layers,
+        encoder_attention_heads=size.heads, decoder_attention_heads=size.heads, encoder_ffn_dim=size.ffn,
+        decoder_ffn_dim=size.ffn, max_position_embeddings=size.max_positions, activation_function="gelu",
+        scale_embedding=True, pad_token_id=1, bos_token_id=0, eos_token_id=2, decoder_start_token_id=2,
+        forced_eos_token_id=2, init_std=size.init_std, encoder_layerdrop=0.0, decoder_layerdrop=0.0,
+    )
+    torch.manual_seed(seed)
+    model = MBartForConditionalGeneration(config).eval()
+    with torch.no_grad():
+        model.final_logits_bias.normal_(0.0, LOGITS_BIAS_STD, generator=torch.Generator().manual_seed(seed))
+    model.generation_config = GenerationConfig(bos_token_id=0, decoder_start_token_id=2, eos_token_id=2,
+                                               forced_eos_token_id=2, pad_token_id=1,
+                                               max_length=min(size.max_positions, 200), num_beams=5,
+                                               early_stopping=True)
+    model.save_pretrained(directory)
+    return directory
+
+
+# Source and target languages the multilingual tests use: the model's own codes
+TEST_LANGUAGES = {M2M100: ("en", ("fr", "de", "ja")), NLLB: ("eng_Latn", ("fra_Latn", "deu_Latn", "zho_Hans")),
+                  MBART50: ("en_XX", ("fr_XX", "de_DE", "ro_RO"))}
+
+BUILDERS = {MARIAN: build_marian, BART: build_bart, M2M100: build_m2m100, NLLB: build_nllb, MBART50: build_mbart50}
 
 
 def build(family: str, directory: str | Path, size: HfSize = TINY, seed: int = SEED) -> Path:

@@ -132,6 +132,10 @@ CASES = [
      "bundle.sha256: not text (byte 0 is not ASCII)"),
     ("digest-huge", _digest_file(b"0" * 10_000), "bundle.sha256: more than 4096 bytes"),
     ("manifest-over-1MiB", _padded((1 << 20) + 1), "manifest.json: 1048577 bytes, more than a manifest may have"),
+    ("language-outside-vocab", _set("languages", {"codes": {"fr": 10 ** 6}, "source_placement": "prefix"}),
+     "languages.codes ['fr'] have token ids outside the vocabulary"),
+    ("language-placement", _set("languages", {"codes": {"fr": 4}, "source_placement": "middle"}),
+     "languages.source_placement must be one of ('prefix', 'suffix'), got 'middle'"),
 ]
 
 

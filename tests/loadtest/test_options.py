@@ -68,3 +68,25 @@ def test_seqserve_loadtest_hands_its_connection_flags_to_locust(tmp_path):
     for flag, value in (("--ca-file", "ca.pem"), ("--token-file", "token.txt"), ("--tls-server-name", "seqserve.test")):
         assert argv[argv.index(flag) + 1] == value
     assert "--cert-file" not in argv and "--tls" not in argv  # unset flags are not passed
+
+
+def test_a_language_mix_reaches_locust_and_cycles_call_by_call(tmp_path):
+    """`seqserve loadtest --source-language en_XX --languages fr_XX,de_DE`: locust gets both flags, and the
+    workload's calls ask for the target languages in turn."""
+    import random
+
+    from seqserve.loadtest.workload import Workload, target_languages
+
+    (tmp_path / "heldout.tsv").write_text("a\tb\n")
+    args = build_parser().parse_args(["loadtest", "--heldout", str(tmp_path), "--source-language", "en_XX",
+                                      "--languages", "fr_XX, de_DE"])
+    argv = LoadTest.from_args(args).locust_argv(tmp_path)
+    assert argv[argv.index("--source-language") + 1] == "en_XX"
+    assert argv[argv.index("--languages") + 1] == "fr_XX,de_DE"
+    assert "--languages" not in LoadTest(target="h:1", heldout=tmp_path / "heldout.tsv").locust_argv(tmp_path)
+    workload = Workload(["a"], source_language="en_XX", target_languages=target_languages("fr_XX,de_DE"))
+    calls = [workload.request(random.Random(0)) for _ in range(3)]
+    assert [(c.source_language, c.target_language) for c in calls] == [("en_XX", "fr_XX"), ("en_XX", "de_DE"),
+                                                                       ("en_XX", "fr_XX")]
+    assert Workload(["a"]).request(random.Random(0)).target_language == ""
+    assert {"--source-language", "--target-language"} <= _flags("generate")

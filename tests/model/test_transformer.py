@@ -56,6 +56,20 @@ def test_positional_encoding_formula_in_radians():
     assert table[pos, 2 * i + 1].item() == pytest.approx(math.cos(pos / 10000 ** (2 * i / d)), abs=1e-6)
 
 
+@pytest.mark.parametrize("d", [16, 17])
+def test_fairseq_sinusoids_equal_m2m100s_table(d):
+    """M2M100/NLLB's positions: sin half, cos half, frequencies 10000^(-i/(d/2-1)), an odd width's last column 0."""
+    from seqserve.model.positional import fairseq_sinusoid_table
+
+    table = fairseq_sinusoid_table(40, d)
+    half, pos, i = d // 2, 9, 3
+    assert table[pos, i].item() == pytest.approx(math.sin(pos * 10000 ** (-i / (half - 1))), abs=1e-6)
+    assert table[pos, half + i].item() == pytest.approx(math.cos(pos * 10000 ** (-i / (half - 1))), abs=1e-6)
+    transformers = pytest.importorskip("transformers")
+    embedding = transformers.models.m2m_100.modeling_m2m_100.M2M100SinusoidalPositionalEmbedding
+    assert torch.allclose(table, embedding.get_embedding(40, d).float(), atol=1e-6)
+
+
 @pytest.mark.parametrize("k", [1, 5, 17])
 def test_positional_encoding_relative_shift_is_a_fixed_rotation(k):
     d = 16
