@@ -150,9 +150,10 @@ def test_every_call_is_balanced_and_answers_as_a_direct_call(stack, inputs):
 def test_the_deadline_reaches_the_replica(stack, inputs):
     _, balancer = stack
     text = next(iter(inputs))
+    # 32 inputs x 30 tokens take far longer than 2 ms even on a fast machine: the client's own timer decides first
     with pytest.raises(grpc.RpcError) as caught:  # what every gRPC client sees
-        balancer.stub.Generate(pb.GenerateRequest(input=text, options=pb.DecodingOptions(min_new_tokens=30)),
-                               timeout=0.002)
+        balancer.stub.GenerateBatch(pb.GenerateBatchRequest(inputs=[text] * 32, options=pb.DecodingOptions(
+            max_new_tokens=30, min_new_tokens=30)), timeout=0.002)
     assert caught.value.code() is grpc.StatusCode.DEADLINE_EXCEEDED
     # A client that sends grpc-timeout without enforcing it: DEADLINE_EXCEEDED can only come from the replica.
     request = pb.GenerateRequest(input=text, options=pb.DecodingOptions(max_new_tokens=30, min_new_tokens=30))
