@@ -43,16 +43,17 @@ def _where(func: tuple[str, int, str]) -> str:
 
 
 def split(stats: pstats.Stats) -> dict[str, float]:
-    """Seconds per part; a compiled function's time goes to its callers' parts, in proportion to their calls."""
+    """Seconds per part; a compiled function's time goes to its callers' parts, in proportion to the time each
+    caller spent in it (cumulative: through the wrapper, a caller's own time says nothing about the graph's)."""
     parts: dict[str, float] = defaultdict(float)
     for func, (_, _, own, _, callers) in stats.stats.items():
         compiled = func[0] == "~"
         if "run_with_iobinding" in func[2] and compiled:  # called through InferenceSession's Python wrapper
             callers = {up: c for wrapper in callers for up, c in stats.stats[wrapper][4].items()}
         if compiled and callers:
-            total = sum(c[2] for c in callers.values()) or 1.0
+            total = sum(c[3] for c in callers.values()) or 1.0
             for caller, c in callers.items():
-                parts[_part(_where(caller), func[2])] += own * c[2] / total
+                parts[_part(_where(caller), func[2])] += own * c[3] / total
         else:
             parts[_part(_where(func), "")] += own
     return dict(parts)
