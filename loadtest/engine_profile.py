@@ -1,6 +1,7 @@
 """Where the engine's time goes: Engine.generate over held-out inputs under cProfile, split by part of the engine.
 
     python -m seqserve.loadtest.engine_profile BUNDLE [-n 2000] [--batch-size 64] [--max-new-tokens 32] [--threads 1]
+        [--min-new-tokens 0] [--num-beams 1] [--variant fp32]
 
 Every function's own time is charged to the part its file belongs to; time inside onnxruntime's and numpy's compiled
 functions is charged by caller (the decoder step, the encoder, or whoever called numpy). 1 intra-op thread and no
@@ -31,7 +32,8 @@ PARTS = (  # (part, substrings of the file or caller that put a function's time 
     ("scheduler and finish rules", ("scheduler.py", "finish.py")),
     ("detokenisation", ("detokenizer.py", "tokenizers")),
     ("metrics", ("prometheus_client", "metrics.py")),
-    ("token choice and bookkeeping", ("engine.py", "sampling.py", "beam.py", "request.py", "numpy")),
+    ("beam search: selection and bookkeeping", ("beam.py",)),
+    ("token choice and bookkeeping", ("engine.py", "stepping.py", "running.py", "sampling.py", "request.py", "numpy")),
 )
 
 
@@ -67,18 +69,23 @@ def _part(where: str, compiled: str) -> str:
     return "other (Python, numpy outside the engine)"
 
 
-def profile(bundle: str, n: int, batch_size: int, max_new: int, threads: int, kv_cache: str) -> dict:
-    runner = Runner(bundle, RuntimeConfig(device="cpu", intra_op_threads=threads, allow_spinning=False),
-                    capacity=batch_size, kv_cache=kv_cache)
+def profile(bundle: str, n: int, batch_size: int, max_new: int, threads: int, kv_cache: str, min_new: int = 0,
+            num_beams: int = 1, variant: str = "fp32") -> dict:
+    """batch_size counts requests; a beam request holds num_beams rows (early_stopping as `seqserve bench`)."""
+    rows = batch_size * num_beams
+    runner = Runner(bundle, RuntimeConfig(device="cpu", intra_op_threads=threads, allow_spinning=False), variant,
+                    capacity=rows, kv_cache=kv_cache)
     tokenizer = load_tokenizer(runner.bundle / runner.manifest.tokenizer["file"])
     sources = [tokenizer.encode(s).ids for s, _ in heldout_pairs(bundle, n)]
 
     def run() -> list[Request]:
-        scheduler = Scheduler(SchedulerConfig(max_batch_size=batch_size, max_waiting=len(sources),
+        scheduler = Scheduler(SchedulerConfig(max_batch_size=rows, max_waiting=len(sources),
                                               max_kv_tokens=1 << 30,
                                               cross_bytes_per_token=runner.cross_bytes_per_token))
         engine = Engine(runner, tokenizer, scheduler, Metrics())
-        return engine.generate([Request(s, SamplingParams(max_new_tokens=max_new)) for s in sources])
+        params = SamplingParams(max_new_tokens=max_new, min_new_tokens=min_new, num_beams=num_beams,
+                                early_stopping=num_beams > 1)
+        return engine.generate([Request(s, params) for s in sources])
 
     run()  # warm-up: first-run allocations stay out of the profile
     profiler = cProfile.Profile()
@@ -101,8 +108,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--kv-cache", default="auto", choices=KV_CACHES)
+    p.add_argument("--min-new-tokens", type=int, default=0, help="the end token is suppressed until this many tokens")
+    p.add_argument("--num-beams", type=int, default=1, help="beam search of this width (--batch-size counts sources)")
+    p.add_argument("--variant", default="fp32", help="the bundle's precision variant")
     args = p.parse_args(argv)
-    result = profile(args.bundle, args.n, args.batch_size, args.max_new_tokens, args.threads, args.kv_cache)
+    result = profile(args.bundle, args.n, args.batch_size, args.max_new_tokens, args.threads, args.kv_cache,
+                     args.min_new_tokens, args.num_beams, args.variant)
     print(f"{result['tokens']} tokens in {result['wall_s']:.2f} s under cProfile ({result['kv_cache']} KV cache)")
     for part, share in result["parts"].items():
         print(f"{share:7.1%}  {part}")

@@ -34,6 +34,8 @@ from dataclasses import dataclass
 
 import torch
 
+from seqserve.contract.decoding import beam_problem, lengths_problem
+from seqserve.contract.scoring import score
 from seqserve.model.decoding import pad_batch
 from seqserve.model.transformer import Transformer
 
@@ -53,12 +55,11 @@ class BeamOptions:
     early_stopping: bool = False
     top_logprobs: int = 0  # alternatives recorded per generated token; 0 = none
 
-    def __post_init__(self) -> None:
-        if not 1 <= self.num_return_sequences <= self.num_beams:
-            raise ValueError(f"num_return_sequences must be in [1, num_beams={self.num_beams}], "
-                             f"got {self.num_return_sequences}")
-        if self.max_new_tokens < 1 or not 0 <= self.min_new_tokens <= self.max_new_tokens:
-            raise ValueError(f"need 1 <= max_new_tokens and 0 <= min_new_tokens <= max_new_tokens: {self}")
+    def __post_init__(self) -> None:  # the server's rules (contract/decoding.py), not its search
+        problem = (beam_problem(self.num_beams, self.num_return_sequences, self.length_penalty)
+                   or lengths_problem(self.max_new_tokens, self.min_new_tokens))
+        if problem:
+            raise ValueError(problem)
 
 
 @dataclass(frozen=True)
@@ -117,7 +118,7 @@ class SourceBeams:
         self.finished = sorted(self.finished + new, key=lambda h: -h.score)[: o.num_beams]  # stable: older first
         self.live = running
         self.done = not running or (len(self.finished) == o.num_beams and (
-            o.early_stopping or running[0].cum / length**o.length_penalty <= self.finished[-1].score))
+            o.early_stopping or score(running[0].cum, length, o.length_penalty) <= self.finished[-1].score))
         return parents
 
     def results(self) -> list[Hypothesis]:
@@ -133,9 +134,9 @@ class SourceBeams:
 
     def _hypothesis(self, beam: _Beam) -> Hypothesis:
         eos = beam.tokens[-1] == self.eos_id
-        score = beam.cum / len(beam.tokens) ** self.opts.length_penalty  # len counts the end token (HF)
         return Hypothesis(token_ids=list(beam.tokens[:-1] if eos else beam.tokens),
-                          finish_reason=EOS if eos else LENGTH, cumulative_logprob=beam.cum, score=score,
+                          finish_reason=EOS if eos else LENGTH, cumulative_logprob=beam.cum,
+                          score=score(beam.cum, len(beam.tokens), self.opts.length_penalty),  # n counts the end token
                           token_logprobs=list(beam.logprobs), top_logprobs=[list(t) for t in beam.tops])
 
 

@@ -119,8 +119,7 @@ class App:
                                 inter_op_threads=s.inter_op_threads, allow_spinning=s.allow_spinning,
                                 cuda_tf32=s.cuda_tf32)
         runner = Runner(s.bundle, runtime, s.variant, capacity=s.max_batch_size, kv_cache=s.kv_cache)
-        scheduler = Scheduler(SchedulerConfig(s.max_batch_size, s.max_waiting, s.max_kv_tokens, s.encode_batch,
-                                              s.max_encoded_bytes, runner.cross_bytes_per_token))
+        scheduler = Scheduler(SchedulerConfig.from_settings(s, runner.cross_bytes_per_token))
         engine = Engine(runner, tokenizer, scheduler, self.metrics, stream_interval=s.stream_interval)
         self._warm_up(engine, tokenizer)
         engine.start()
@@ -140,7 +139,7 @@ class App:
     def _model_info(self, runner: Runner) -> dict:
         manifest = runner.manifest
         quality = manifest.variants[runner.variant].get("quality", {})
-        return dict(config={k: str(v) for k, v in manifest.model.items()},
+        return dict(config=dict(manifest.model),
                     bundle_format_version=manifest.format_version, variant=runner.variant,
                     execution_provider=runner.provider, onnxruntime_version=ort.__version__,
                     quality={k: float(v) for k, v in quality.items() if isinstance(v, (int, float))})

@@ -1,96 +1,288 @@
-"""One request's beam search, advanced one decoder step at a time; its beams are rows of the running batch.
+"""Every running beam request's rows, advanced one decoder step at a time as vector operations over all of them.
 
-The rules are Hugging Face's, exactly as model/beam.py (the PyTorch reference, which documents each one with its
-source) implements them; this is the same algorithm on numpy arrays, so the server needs no torch:
+A beam request holds num_beams rows of the running batch; each row that holds a live beam knows its request and its
+rank. The rules are Hugging Face's, exactly as model/beam.py (the PyTorch reference, which documents each one with
+its source) implements them; this is the same algorithm on numpy arrays, so the server needs no torch:
   * candidates = every live beam x every token by cumulative log-probability; the best 2 x num_beams are kept;
   * a candidate ending with the end token, or reaching max_new_tokens, becomes a finished hypothesis only if it
     ranks among the first num_beams; the next live beams are the num_beams best candidates that did not stop;
-  * score = cumulative_logprob / n ** length_penalty, n = generated tokens including the end token;
+  * score = contract/scoring.py's, n = generated tokens including the end token;
   * done when no beam is live, or num_beams hypotheses are finished and early_stopping is set or no live beam can
     beat the worst of them (HF's heuristic at the current length).
-Ties go to the lower (beam, token) index, sums are float64.
+Ties go to the lower (beam rank, token) index, sums are float64.
+
+One step for all beam requests at once: one log-softmax normaliser and one argpartition over the stacked (rows, V)
+live beams (a beam's own 2 x num_beams best tokens hold every candidate its request can keep), then one stable
+lexsort of every candidate by request and cumulative log-probability. A new beam stays in its parent's row when it is the parent's
+first child; only a parent's further children are copied into rows whose beam had none, so the in-place KV cache
+copies a few rows' written columns per step instead of every row's buffers. Python loops run only per finished
+hypothesis, per ended request and per row that asks for top_logprobs alternatives.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from seqserve.server.request import FinishReason, SamplingParams
+from seqserve.contract.scoring import score
+from seqserve.server.request import FinishReason, Request, Sequence, TokenLogprob
+from seqserve.server.runner import Runner
 
 CANDIDATES_PER_BEAM = 2  # HF keeps 2 x num_beams candidates (one end token)
 
 
 @dataclass(frozen=True)
-class Beam:
-    tokens: tuple[int, ...]
-    logprobs: tuple[float, ...]  # each token's log-probability under the model
-    tops: tuple[tuple[tuple[int, float], ...], ...]  # per token, the top_logprobs alternatives (id, logprob)
-    cum: float
+class BeamResult:
+    """A beam request that ended: the engine turns it into the request's final result."""
+
+    request: Request
+    sequences: tuple[Sequence, ...]  # the n-best, best first
+    finish_reason: FinishReason  # the best sequence's
+    generated: int  # tokens counted as usage (the best sequence's length)
 
 
 @dataclass(frozen=True)
-class Hypothesis:
-    token_ids: list[int]  # without the end token
-    finish_reason: FinishReason  # EOS or LENGTH
-    cumulative_logprob: float
+class _Hypothesis:
+    tokens: tuple[int, ...]  # as scored: the end token last on EOS
+    logprobs: tuple[float, ...]  # each token's log-probability under the model
+    tops: tuple[tuple[tuple[int, float], ...], ...]  # per token, the top_logprobs alternatives (id, logprob)
+    cum: float
     score: float
-    beam: Beam  # its tokens with their log-probabilities (the end token's last on EOS)
 
 
-class BeamSearch:
-    def __init__(self, params: SamplingParams, eos_id: int) -> None:
-        self.p, self.eos_id = params, eos_id
-        self.live = [Beam((), (), (), 0.0)]  # one real beam at the start (model/beam.py explains why)
-        self.finished: list[Hypothesis] = []  # best first, at most num_beams
-        self.done = False
+@dataclass
+class _Search:
+    request: Request
+    finished: list[_Hypothesis] = field(default_factory=list)  # best first, at most num_beams
 
-    def advance(self, logprobs: np.ndarray) -> tuple[list[int], list[int]]:
-        """logprobs (n_live, V) float64: each live beam's log_softmax. Returns (parent row, token) of each new live
-        beam, in order (empty once done)."""
-        p, length = self.p, len(self.live[0].tokens) + 1  # the candidates' length
-        masked = logprobs.copy()
-        if length - 1 < p.min_new_tokens:
-            masked[:, self.eos_id] = -np.inf
-        cum = np.array([b.cum for b in self.live])  # (N,)
-        total = (cum[:, None] + masked).ravel()  # (N * V,)
-        keep = min(CANDIDATES_PER_BEAM * p.num_beams, int(np.isfinite(total).sum()))
-        order = _best(total, keep)
-        vocab = logprobs.shape[1]
-        parents, tokens, running, new = [], [], [], []
-        for rank, flat in enumerate(order.tolist()):
-            row, token = divmod(flat, vocab)
-            beam = self._extend(self.live[row], token, logprobs[row], float(total[flat]))
-            if token == self.eos_id or length >= p.max_new_tokens:
-                if rank < p.num_beams:  # HF: a stop outside the top num_beams is dropped
-                    new.append(self._hypothesis(beam))
-            elif len(running) < p.num_beams:
-                running.append(beam)
-                parents.append(row)
-                tokens.append(token)
-        self.finished = sorted(self.finished + new, key=lambda h: -h.score)[: p.num_beams]  # stable: older first
-        self.live = running
-        self.done = not running or (len(self.finished) == p.num_beams and (
-            p.early_stopping or running[0].cum / length**p.length_penalty <= self.finished[-1].score))
-        return ([], []) if self.done else (parents, tokens)
 
-    def results(self) -> list[Hypothesis]:
-        return self.finished[: self.p.num_return_sequences]
+@dataclass(frozen=True)
+class _Candidates:
+    """Kept candidates (M,), by request then rank: each one's parent (an index into the step's live rows), token,
+    log-probability, cumulative log-probability and request (an index into the step's requests)."""
 
-    def _extend(self, beam: Beam, token: int, logprobs: np.ndarray, cum: float) -> Beam:
-        top = top_alternatives(logprobs, self.p.top_logprobs)
-        return Beam(beam.tokens + (token,), beam.logprobs + (float(logprobs[token]),), beam.tops + (top,), cum)
+    parent: np.ndarray
+    token: np.ndarray
+    logprob: np.ndarray
+    total: np.ndarray
+    group: np.ndarray
 
-    def _hypothesis(self, beam: Beam) -> Hypothesis:
-        eos = beam.tokens[-1] == self.eos_id
-        score = beam.cum / len(beam.tokens) ** self.p.length_penalty  # len counts the end token (HF)
-        return Hypothesis(list(beam.tokens[:-1] if eos else beam.tokens),
-                          FinishReason.EOS if eos else FinishReason.LENGTH, beam.cum, score, beam)
+    def take(self, mask: np.ndarray) -> _Candidates:
+        return _Candidates(self.parent[mask], self.token[mask], self.logprob[mask], self.total[mask], self.group[mask])
+
+
+class Beams:
+    """Every running beam request's rows: admission, the log-probabilities they need, selection, reorder, ending and
+    scores, as vector operations over all beam requests in the batch."""
+
+    def __init__(self, runner: Runner, detokenize: Callable[[list[int]], str], eos_id: int) -> None:
+        self.runner, self.detokenize, self.eos_id = runner, detokenize, eos_id
+        slots = runner.slots
+        capacity, max_new = slots.capacity, slots.ids.shape[1] - 1
+        # Per-row state (C, ...): the slot map moves it with its row and clears it when the row is freed.
+        self._owner = np.zeros(capacity, np.int64)  # the id of the beam request holding the row; 0 = none
+        self._beam = np.zeros(capacity, np.int64)  # 1 + the rank of the live beam the row holds; 0 = none
+        self._width = np.zeros(capacity, np.int64)  # the request's num_beams
+        self._penalty = np.zeros(capacity, np.float64)  # its length_penalty
+        self._early = np.zeros(capacity, bool)  # its early_stopping
+        self._top_n = np.zeros(capacity, np.int64)  # its top_logprobs
+        self._cum = np.zeros(capacity, np.float64)  # the beam's cumulative log-probability
+        self._logprob = np.zeros((capacity, max_new), np.float64)  # (C, T) each generated token's log-probability
+        self._tops = np.full(capacity, None, object)  # per token, the alternatives (only with top_logprobs)
+        self._n_finished = np.zeros(capacity, np.int64)  # live rows: the request's finished hypotheses
+        self._worst = np.zeros(capacity, np.float64)  # and the worst one's score
+        slots.track(self._owner, self._beam, self._width, self._penalty, self._early, self._top_n, self._cum,
+                    self._logprob, self._tops, self._n_finished, self._worst)
+        self._searches: dict[int, _Search] = {}  # request id -> its finished hypotheses
+        self._n_top = 0  # running requests that ask for top_logprobs (their rows cost a loop each)
+
+    def admit(self, requests: list[Request]) -> None:
+        """Requests with n_rows > 1 that the runner has just admitted (their rows are placed): one live beam each."""
+        for r in requests:
+            rows, p = self.runner.slots.slots_of(r), r.params
+            self._owner[rows], self._beam[rows], self._beam[rows[0]] = r.id, 0, 1
+            self._width[rows], self._penalty[rows], self._early[rows] = p.num_beams, p.length_penalty, p.early_stopping
+            self._top_n[rows], self._cum[rows], self._n_finished[rows] = p.top_logprobs, 0.0, 0
+            for row in rows:
+                self._tops[row] = ()
+            self._searches[r.id] = _Search(r)
+            self._n_top += bool(p.top_logprobs)
+
+    def owns(self) -> np.ndarray:
+        """(hi,) bool: the rows whose token this component chooses (the engine skips them)."""
+        return self._owner[: self.runner.slots.hi] != 0
+
+    def drop(self, request: Request) -> None:
+        """A beam request left for another reason (cancel, deadline, error): forget it."""
+        if (search := self._searches.pop(request.id, None)) is not None:
+            self._n_top -= bool(search.request.params.top_logprobs)
+            mine = self._owner == request.id  # (C,) its rows, if still placed
+            self._owner[mine], self._beam[mine] = 0, 0
+
+    def advance(self, logits: np.ndarray, now: float) -> list[BeamResult]:
+        """One step for every beam request: select, reorder the caches by index, append the chosen tokens.
+        Returns the beam requests that ended this step (their rows are still placed; the engine retires them).
+        now is unused: a request's timings are the engine's."""
+        slots, eos = self.runner.slots, self.eos_id
+        beam = self._beam[: slots.hi]
+        rows = np.flatnonzero(beam)  # (R,) every live beam of every beam request
+        if not rows.size:
+            return []
+        owner = self._owner[rows]
+        order = np.lexsort((beam[rows], owner))
+        rows, owner = rows[order], owner[order]  # by request, then rank
+        head = _heads(owner)  # (R,) a request's best live beam starts its rows
+        group, start = np.cumsum(head) - 1, np.flatnonzero(head)  # (R,) request index of each row; (Q,)
+        lead, length = rows[start], slots.length[rows]  # (Q,) each request's best live row; (R,) tokens so far
+        width = self._width[lead]  # (Q,)
+
+        raw = logits[rows]  # (R, V) float32, a copy
+        top = raw.max(axis=1, keepdims=True).astype(np.float64)  # (R, 1)
+        e = np.subtract(raw, top, dtype=np.float64)  # (R, V) x - max in float64, as sampling.log_softmax
+        log_z = np.log(np.exp(e, out=e).sum(axis=1))  # (R,) the model's distribution, before min_new_tokens
+        tops = {i: top_alternatives(_shifted(raw, top, i) - log_z[i], int(self._top_n[rows[i]]))
+                for i in np.flatnonzero(self._top_n[rows]).tolist()} if self._n_top else {}
+        no_eos = length < slots.min_new[rows]  # (R,) HF masks the end token after log_softmax
+        if no_eos.any():
+            raw[no_eos, eos] = -np.inf
+        idx = _top_tokens(raw, top, CANDIDATES_PER_BEAM * int(width.max()))  # (R, k) each beam's best, ascending
+        k = idx.shape[1]
+        lp = _shifted(raw, top, np.arange(rows.size)[:, None], idx) - log_z[:, None]  # (R, k)
+        total = (self._cum[rows][:, None] + lp).ravel()  # (R k,) by request, then (rank, token): HF's tie order
+        rep = np.repeat(group, k)  # (R k,)
+        cand = np.lexsort((-total, rep))  # by request, then best first (stable: ties keep the lower (rank, token))
+        g = rep[cand]
+        pos = np.arange(cand.size) - start[g] * k  # rank among its request's candidates
+        keep = (pos < CANDIDATES_PER_BEAM * width[g]) & (total[cand] > -np.inf)
+        cand, g, pos = cand[keep], g[keep], pos[keep]  # (M,) the kept candidates
+        c = _Candidates(cand // k, idx.ravel()[cand], lp.ravel()[cand], total[cand], g)
+        stop = (c.token == eos) | (length + 1 >= slots.max_new[rows])[c.parent]  # (M,)
+        finished = stop & (pos < width[g])  # HF: a stop outside the top num_beams is dropped
+        running = ~stop
+        first = np.flatnonzero(_heads(g))  # (Q,) every request keeps at least one candidate
+        new_rank = np.cumsum(running)
+        new_rank -= new_rank[first][g] - running[first][g] + 1
+        running &= new_rank < width[g]
+
+        n_fin, worst = self._n_finished[lead], self._worst[lead]  # (Q,)
+        penalty = self._penalty[lead]
+        if finished.any():
+            self._finish(c.take(finished), rows, self._owner[lead], length[start], penalty, tops, n_fin, worst)
+        best = np.maximum.reduceat(np.where(running, c.total, -np.inf), first)  # (Q,) the best live beam's
+        done = best == -np.inf
+        full = n_fin == width
+        if full.any():  # HF's heuristic only once num_beams hypotheses are finished
+            done |= full & (self._early[lead] | (score(best, length[start] + 1, penalty) <= worst))
+        self._beam[rows] = 0  # the new live beams take their ranks below
+        going = running & ~done[g]
+        if going.all():
+            self._extend(c, new_rank, rows, self._owner[lead], length, n_fin, worst, tops)
+        elif going.any():
+            self._extend(c.take(going), new_rank[going], rows, self._owner[lead], length, n_fin, worst, tops)
+        if not done.any():
+            return []
+        return [self._result(self._searches.pop(int(o))) for o in self._owner[lead[done]].tolist()]
+
+    def _finish(self, c: _Candidates, rows, owners, length, penalty, tops, n_fin, worst) -> None:
+        """Candidates that stopped among the first num_beams become hypotheses; n_fin and worst (Q,) follow."""
+        scores = score(c.total, length[c.group] + 1, penalty[c.group]).tolist()  # n counts the end token
+        new: dict[int, list[_Hypothesis]] = {}
+        for j, (i, q) in enumerate(zip(c.parent.tolist(), c.group.tolist())):
+            row, n = rows[i], int(length[q])
+            tops_row = self._tops[row] + (tops[i],) if i in tops else ()
+            new.setdefault(q, []).append(_Hypothesis(
+                tuple(self.runner.slots.ids[row, 1 : 1 + n].tolist()) + (int(c.token[j]),),
+                tuple(self._logprob[row, :n].tolist()) + (float(c.logprob[j]),), tops_row, float(c.total[j]),
+                scores[j]))
+        for q, hyps in new.items():
+            search = self._searches[int(owners[q])]
+            keep = search.request.params.num_beams
+            search.finished = sorted(search.finished + hyps, key=lambda h: -h.score)[:keep]  # stable: older first
+            n_fin[q], worst[q] = len(search.finished), search.finished[-1].score
+
+    def _extend(self, c: _Candidates, rank, rows, owners, length, n_fin, worst, tops) -> None:
+        """The new live beams (N,): the first child of each parent stays in its row, the others are copied into the
+        rows of their request that hold no new beam; then every new beam's token is appended."""
+        slots = self.runner.slots
+        src = rows[c.parent]  # (N,) by request, then rank
+        nth = np.arange(src.size)
+        first = np.full(rows.size, src.size)
+        np.minimum.at(first, c.parent, nth)  # each parent's first child
+        moves = first[c.parent] != nth  # a parent's later children move
+        dst = src.copy()
+        if moves.any():
+            owner = self._owner[: slots.hi]
+            at = np.minimum(np.searchsorted(owners, owner), owners.size - 1)
+            kept = (owners[at] == owner) & (self._beam[: slots.hi] == 0)  # rows of these requests with no beam yet
+            kept[src[~moves]] = False
+            free = np.flatnonzero(kept)
+            free = free[np.argsort(owner[free], kind="stable")]  # by request
+            mover = c.group[moves]  # ascending: the new beams come by request
+            nth = nth[: mover.size] - np.searchsorted(mover, mover)  # each mover's index among its request's
+            dst[moves] = free[np.searchsorted(owner[free], owners[mover]) + nth]
+            self.runner.reorder(dst[moves], src[moves])  # tokens and self K/V; all read before any is written
+            for a in (self._logprob, self._tops):
+                a[dst[moves]] = a[src[moves]]
+        self._beam[dst], self._cum[dst] = rank + 1, c.total
+        self._logprob[dst, length[c.parent]] = c.logprob
+        self._n_finished[dst], self._worst[dst] = n_fin[c.group], worst[c.group]
+        for j in np.flatnonzero(self._top_n[dst]).tolist() if tops else ():
+            self._tops[dst[j]] = self._tops[dst[j]] + (tops[int(c.parent[j])],)
+        chosen = np.zeros(slots.hi, np.int64)
+        chosen[dst] = c.token
+        appended = np.zeros(slots.hi, bool)
+        appended[dst] = True
+        slots.append(chosen, appended)
+
+    def _result(self, search: _Search) -> BeamResult:
+        r = search.request
+        self._n_top -= bool(r.params.top_logprobs)
+        sequences = tuple(self._sequence(h, r.params.return_logprobs)
+                          for h in search.finished[: r.params.num_return_sequences])
+        return BeamResult(r, sequences, sequences[0].finish_reason, len(sequences[0].token_ids))
+
+    def _sequence(self, h: _Hypothesis, logprobs: bool) -> Sequence:
+        eos = h.tokens[-1] == self.eos_id
+        ids = list(h.tokens[:-1] if eos else h.tokens)
+        track = tuple(TokenLogprob(t, lp, top) for t, lp, top in zip(h.tokens, h.logprobs, h.tops or
+                                                                       ((),) * len(h.tokens))) if logprobs else ()
+        return Sequence(ids, self.detokenize(ids), FinishReason.EOS if eos else FinishReason.LENGTH, h.cum, h.score,
+                        track)
+
+
+def _top_tokens(raw: np.ndarray, top: np.ndarray, k: int) -> np.ndarray:
+    """(R, V) float32 -> (R, k) each row's k largest x = raw - top (its float64 log-probabilities up to a constant),
+    ties to the lower id, as ascending ids. raw orders a row as x does, or ties where x does not, so one argpartition
+    of raw for all rows finds the k + 1 best; a row whose k-th and (k + 1)-th x tie is resolved exactly alone."""
+    n, vocab = raw.shape
+    if k >= vocab:
+        return np.broadcast_to(np.arange(vocab), raw.shape).copy()
+    idx = np.argpartition(raw, vocab - k - 1, axis=1)[:, vocab - k - 1 :]  # (R, k + 1); [:, 0] is the (k + 1)-th
+    best = _shifted(raw, top, np.arange(n)[:, None], idx)  # (R, k + 1)
+    idx = idx[:, 1:]
+    for i in np.flatnonzero(best[:, 1:].min(axis=1) <= best[:, 0]).tolist():
+        idx[i] = _best(_shifted(raw, top, i), k)
+    idx.sort(axis=1)
+    return idx
+
+
+def _shifted(raw: np.ndarray, top: np.ndarray, i, j=slice(None)) -> np.ndarray:
+    """raw[i, j] - top[i] in float64: log_softmax's x - max for those entries (as sampling.log_softmax computes)."""
+    return raw[i, j].astype(np.float64) - top[i, 0]
+
+
+def _heads(a: np.ndarray) -> np.ndarray:
+    """(n,) bool: where a new value starts in a sorted array."""
+    head = np.empty(a.size, bool)
+    head[:1] = True
+    np.not_equal(a[1:], a[:-1], out=head[1:])
+    return head
 
 
 def _best(values: np.ndarray, k: int) -> np.ndarray:
     """Indices of the k largest values, best first, ties to the lower index: a stable sort of only the values at or
-    above the k-th largest (a full sort of beams x vocabulary every step cost half of a beam row's time)."""
+    above the k-th largest (a full sort of the vocabulary every step would cost more than the selection)."""
     if k <= 0:
         return np.zeros(0, np.int64)
     if k < values.size:

@@ -203,10 +203,13 @@ class Client:
 
     def model_info(self, timeout: float | None = None) -> dict:
         m = self.stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=timeout or self.timeout)
-        return {"config": dict(m.config), "bundle_format_version": m.bundle_format_version, "variant": m.variant,
+        return {"config": {k: getattr(v, v.WhichOneof("kind")) for k, v in m.config.items()},  # typed values
+                "bundle_format_version": m.bundle_format_version, "variant": m.variant,
                 "execution_provider": m.execution_provider, "onnxruntime_version": m.onnxruntime_version,
                 "quality": dict(m.quality), "limits": {f.name: getattr(m.limits, f.name)
-                                                       for f in pb.Limits.DESCRIPTOR.fields}}
+                                                       for f in pb.Limits.DESCRIPTOR.fields},
+                "option_ranges": {k: {"min": r.min, "max": r.max, "min_exclusive": r.min_exclusive}
+                                  for k, r in m.option_ranges.items()}}
 
     def close(self) -> None:
         self.channel.close()

@@ -33,9 +33,14 @@ class TextStream:
 
     def close(self, ids: list[int]) -> str:
         """At the end: the final text (the whole output decoded once, unless a stop string cut it) minus what was
-        already released; returns the rest."""
+        already released; returns the rest. The whole decode can end with text the tokens never showed (U+FFFD for
+        an unfinished UTF-8 character), so the stop strings are looked for in it again: one there ends it STOP."""
         if not self.stopped:
+            start = max(0, len(self.text) - self.longest + 1)  # the incremental text was already searched
             self.text = self.tokenizer.decode(ids, skip_special_tokens=True)
+            at = first_stop(self.text, self.stops, start)
+            if at is not None:
+                self.text, self.stopped = self.text[: max(at, self.sent)], True
         return self._release(len(self.text))
 
     def _release(self, upto: int) -> str:

@@ -1,11 +1,11 @@
-"""Every rule that ends a request, in one place: the engine and the scheduler ask here and nowhere else.
+"""The rules that end a request, and where the others live (docs/architecture.md has the table):
 
-    EOS        the chosen token is the end token (it is not returned or counted)
-    LENGTH     max_new_tokens generated
-    STOP       a stop string appeared in the text (text.py finds it; the text is cut before it)
-    CANCELLED  the client went away (or the server stopped before the request finished)
-    DEADLINE   the call's deadline passed
-    ERROR      inference failed for this request alone (engine.py isolates it; the message names no internals)
+    EOS        the chosen token is the end token (it is not returned or counted): after_token; beams in beam.py
+    LENGTH     max_new_tokens generated: after_token; beams in beam.py
+    STOP       a stop string appeared in the text: detokenizer.TextStream (the text is cut before it)
+    CANCELLED  the client went away (or the server stopped before the request finished): abandoned
+    DEADLINE   the call's deadline passed: abandoned (inflight.Call says whether an ended call was ended by it)
+    ERROR      a failure this request caused: stepping.py (the message names no internals)
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ ERROR_MESSAGE = "inference failed for this request; the server log has the detai
 def abandoned(request: Request, now: float) -> FinishReason | None:
     """CANCELLED or DEADLINE for a request nobody waits for any more, waiting or running."""
     if request.cancelled:
-        return FinishReason.CANCELLED
+        return FinishReason.DEADLINE if request.by_deadline else FinishReason.CANCELLED
     if request.expired(now):
         return FinishReason.DEADLINE
     return None

@@ -11,7 +11,11 @@ import time
 import grpc
 
 from seqserve.server.metrics import Metrics
-from seqserve.server.request import Event, FinishReason, Request
+from seqserve.server.request import Request
+
+# The client's deadline runs out a little before the server's (the server's clock starts when the call arrives), so a
+# call cancelled this close to its deadline was ended by the deadline: it counts, and ends its rows, as DEADLINE.
+DEADLINE_SLACK_SECONDS = 0.05
 
 
 class Call:
@@ -23,12 +27,16 @@ class Call:
         self.rows: list[tuple[Request, asyncio.Queue]] = []
         self.bytes = 0  # its request's payload, held against max_inflight_bytes while the call lasts
 
+    def expired(self, now: float) -> bool:
+        """Whether the call's deadline (less DEADLINE_SLACK_SECONDS) has passed."""
+        return self.deadline is not None and now >= self.deadline - DEADLINE_SLACK_SECONDS
+
     def release(self) -> None:
-        """The call ended: rows still in flight leave the batch (expired ones the engine ends as DEADLINE)."""
-        now = time.monotonic()
+        """The call ended: rows still in flight leave the batch, as DEADLINE when the call ended by its deadline (so
+        the finish and the call's status agree with what the client saw), else CANCELLED."""
+        late = self.expired(time.monotonic())
         for request, _ in self.rows:
-            if not request.expired(now):
-                request.cancel()
+            request.cancel(deadline=late)
 
 
 class InFlight:
@@ -67,12 +75,12 @@ class InFlight:
         self.metrics.inflight_bytes.set(self.bytes)
 
     def abort(self) -> int:
-        """Every call still in flight ends UNAVAILABLE (the service reads a CANCELLED finish of a live call as
-        "the server stopped"); its rows leave the engine. Returns how many calls there were."""
+        """Every call still in flight ends UNAVAILABLE: its rows are cancelled, the engine ends them CANCELLED through
+        their sink (the one way back), and the service reads a CANCELLED finish of a live call as "the server
+        stopped". Returns how many calls there were."""
         for call in self.calls:
-            for row, queue in call.rows:
+            for row, _ in call.rows:
                 row.cancel()
-                queue.put_nowait(Event(finish_reason=FinishReason.CANCELLED))
         return len(self.calls)
 
     async def wait_idle(self, timeout: float) -> bool:

@@ -85,10 +85,11 @@ class InPlaceCache:
     def after_leave(self, slots: Slots) -> None:
         """Nothing to do: rows never move, and a free slot's stale K/V are never read."""
 
-    def reorder(self, dst: list[int], src: list[int]) -> None:
-        """Beam search: rows dst take over the self K/V of rows src, in place (fancy indexing reads src first)."""
+    def reorder(self, dst: np.ndarray, src: np.ndarray, columns: int) -> None:
+        """Beam search: rows dst take over the first `columns` self K/V columns of rows src, in place (all read
+        before any is written; the columns past a row's length are never read)."""
         for buf in self.self_kv:
-            buf[dst] = buf[src]
+            buf[dst, :, :columns] = buf[src, :, :columns]
 
     def run(self, decoder, slots: Slots, rows: np.ndarray | None = None) -> np.ndarray:
         """One step for slots [0, hi) in place (rows=None), or for some rows alone on copies of their buffers (a probe,

@@ -70,8 +70,9 @@ class ConcatCache:
         else:
             self.trim()
 
-    def reorder(self, dst: list[int], src: list[int]) -> None:
-        """Beam search: rows dst take over the past of rows src (all read before any is written)."""
+    def reorder(self, dst: np.ndarray, src: np.ndarray, columns: int) -> None:
+        """Beam search: rows dst take over the past of rows src (all read before any is written; a row's past is
+        right-aligned and the step's present is a new array, so the whole past is copied)."""
         self.past = [self.device.put(_copy_rows(self.device.get(v), dst, src)) for v in self.past]
         self.self_mask[dst] = self.self_mask[src]
 

@@ -2,7 +2,8 @@
 
 Status is an ordered enum: a request only moves forward (WAITING < ENCODED < RUNNING < FINISHED). The way back to the
 caller is explicit: the Sink given at construction receives the request's Events (the service's sink hands them to
-its event loop; an offline caller passes none and reads the finished Request).
+its event loop; an offline caller passes none and reads the finished Request's result). The last Event carries the
+request's Result by value, so no other thread ever reads a Request the engine thread writes.
 """
 from __future__ import annotations
 
@@ -46,7 +47,7 @@ class SamplingParams:
     top_p: float = 1.0
     repetition_penalty: float = 1.0
     stop: tuple[str, ...] = ()
-    seed: int = 0
+    seed: int | None = 0  # None only between validation and the service, which draws one per input
     num_beams: int = 1  # 1 = no beam search (model/beam.py is the reference for > 1)
     num_return_sequences: int = 1  # <= num_beams; the best first
     length_penalty: float = 1.0  # score = cumulative logprob / generated tokens (end token counted) ** this
@@ -83,13 +84,45 @@ class Sequence:
 
 
 @dataclass(frozen=True)
+class Result:
+    """A finished request, by value: built by the engine thread at the end and never changed, so the service can
+    read it on the event loop while the engine goes on. sequences is empty when nothing was returned (CANCELLED,
+    DEADLINE, ERROR)."""
+
+    finish_reason: FinishReason
+    sequences: tuple[Sequence, ...] = ()  # the best first
+    input_tokens: int = 0
+    generated_tokens: int = 0  # usage: the best sequence's tokens (the end token excluded)
+    seed: int = 0
+    queue_seconds: float = 0.0  # arrival to joining the running batch (0 if it never joined)
+    first_token_seconds: float = 0.0  # arrival to the first generated token (0 if none)
+    total_seconds: float = 0.0  # arrival to the end
+    error: str | None = None  # set with FinishReason.ERROR: a message that names no internals
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.sequences[0].token_ids if self.sequences else []
+
+    @property
+    def text(self) -> str:
+        return self.sequences[0].text if self.sequences else ""
+
+
+@dataclass(frozen=True)
 class Event:
-    """What the engine hands back: new text and ids (streams only), or the end (finish_reason set)."""
+    """What the engine hands back: new text and ids (streams only), or the end (result set)."""
 
     token_ids: tuple[int, ...] = ()
     text: str = ""
-    finish_reason: FinishReason | None = None
-    error: str | None = None  # set with FinishReason.ERROR: a message that names no internals
+    result: Result | None = None  # set on the last Event only
+
+    @property
+    def finish_reason(self) -> FinishReason | None:
+        return None if self.result is None else self.result.finish_reason
+
+    @property
+    def error(self) -> str | None:
+        return None if self.result is None else self.result.error
 
 
 class Sink(Protocol):
@@ -124,21 +157,25 @@ class Request:
     id: int = field(default_factory=lambda: next(_ids))
     arrival: float = field(default_factory=time.monotonic)
     status: RequestStatus = RequestStatus.WAITING
+    result: Result | None = None  # once FINISHED: what the final Event carried
+    # Offline callers' shortcuts to the result (set by end(), which the engine thread alone calls).
     output_ids: list[int] = field(default_factory=list)  # generated ids (the end token excluded)
-    sequences: list[Sequence] = field(default_factory=list)  # once FINISHED: the best first (output_ids = [0]'s)
-    text: str = ""  # the returned text: final once FINISHED (a stop string cuts it)
+    sequences: tuple[Sequence, ...] = ()  # the best first (output_ids = [0]'s)
+    text: str = ""  # the returned text (a stop string cuts it)
     finish_reason: FinishReason | None = None
     error: str | None = None
     scheduled_at: float | None = None  # admitted into the running batch
     first_token_at: float | None = None
-    last_token_at: float | None = None
     finished_at: float | None = None
-    rng: object = None  # numpy Generator seeded from params.seed, made at the first sampled step
+    rng: object = None  # the sampler's numpy Generator, seeded from params.seed at the first sampled step
     cross: list | None = None  # encode-ahead: this source's cross-attention K/V per layer, until it joins
+    by_deadline: bool = False  # cancelled because the call's deadline passed (set before _cancelled)
     _cancelled: threading.Event = field(default_factory=threading.Event, repr=False)
 
-    def cancel(self) -> None:
-        """Called from the service's thread; the engine drops the request at its next step."""
+    def cancel(self, deadline: bool = False) -> None:
+        """Called from the service's thread; the engine ends the request at its next step: DEADLINE when its call
+        ended by its deadline, else CANCELLED."""
+        self.by_deadline = deadline
         self._cancelled.set()
 
     @property
@@ -166,8 +203,20 @@ class Request:
         if text or token_ids:
             self.sink.put(self, Event(token_ids=token_ids, text=text))
 
-    def end(self, reason: FinishReason, now: float, error: str | None = None) -> None:
-        """The one way a request finishes (engine.py and scheduler.py decide when, via finish.py)."""
-        self.status, self.finish_reason, self.finished_at, self.error = RequestStatus.FINISHED, reason, now, error
+    def end(self, reason: FinishReason, now: float, error: str | None = None, sequences: tuple[Sequence, ...] = (),
+            generated: int = 0) -> None:
+        """The one way a request finishes (engine.py and scheduler.py decide when, via finish.py): its Result is made
+        here, by value, and handed to the sink with the last Event. A finished request never ends again."""
+        if self.done:
+            return
+
+        def since_arrival(t: float | None) -> float:
+            return 0.0 if t is None else max(0.0, t - self.arrival)
+
+        result = Result(reason, tuple(sequences), self.n_input_tokens, generated, self.params.seed or 0,
+                        since_arrival(self.scheduled_at), since_arrival(self.first_token_at), since_arrival(now), error)
+        self.status, self.result, self.finish_reason, self.finished_at, self.error = (
+            RequestStatus.FINISHED, result, reason, now, error)
+        self.output_ids, self.text, self.sequences = result.token_ids, result.text, result.sequences
         self.cross = None  # an encoded source that never ran frees its K/V here
-        self.sink.put(self, Event(finish_reason=reason, error=error))
+        self.sink.put(self, Event(result=result))

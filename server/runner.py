@@ -124,10 +124,14 @@ class Runner:
         """Runs the step for these slots alone, changing nothing: raises if one of them makes the graph fail."""
         self.cache.run(self.decoder, self.slots, np.asarray(rows, np.int64))
 
-    def reorder(self, dst: list[int], src: list[int]) -> None:
-        """Beam search: rows dst continue from rows src (tokens so far and self K/V)."""
+    def reorder(self, dst: np.ndarray, src: np.ndarray) -> None:
+        """Beam search: rows dst continue from rows src (tokens so far and self K/V), right after a step; dst and src
+        are disjoint. Only the K/V columns written so far are copied."""
+        if not len(dst):
+            return
+        columns = int(self.slots.length[src].max()) + 1  # the step just wrote column `length`
         self.slots.copy_rows(dst, src)
-        self.cache.reorder(dst, src)
+        self.cache.reorder(dst, src, columns)
 
 
 def run_encoder(encoder, device: Device, pad_id: int, n_layers: int,

@@ -9,18 +9,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import json
 import logging
-import math
 import secrets
 import time
 
 import grpc
 
+from seqserve.contract.decoding import FLOAT_RANGES
+from seqserve.server import options
+from seqserve.server.finish import ERROR_MESSAGE
 from seqserve.server.handlers import Undecodable, add_generation_service
 from seqserve.server.inflight import Call, InFlight
 from seqserve.server.metrics import Metrics
 from seqserve.server.outbox import Outbox
-from seqserve.server.request import Event, FinishReason, Request, SamplingParams, Sequence
+from seqserve.server.request import FinishReason, Request, Result, SamplingParams, Sequence
 from seqserve.server.scheduler import QueueFull
 from seqserve.server.settings import Limits
 from seqserve.v1 import seqserve_pb2 as pb
@@ -50,41 +53,25 @@ def _check(ok: bool, message: str) -> None:
         raise Rejected(Code.INVALID_ARGUMENT, message, "invalid_argument")
 
 
-def _beam_params(o: pb.DecodingOptions, limits: Limits, repetition_penalty: float) -> dict:
-    """The beam and log-probability options, validated (0 or unset num_beams / num_return_sequences = 1)."""
-    beams, most = o.num_beams or 1, limits.max_num_beams
-    _check(beams <= most, f"options.num_beams must be in [1, {most}] (max_num_beams), got {beams}")
-    n = o.num_return_sequences or 1
-    _check(n <= beams, f"options.num_return_sequences must be in [1, num_beams={beams}], got {n}")
-    penalty = o.length_penalty if o.HasField("length_penalty") else 1.0
-    _check(math.isfinite(penalty), f"options.length_penalty must be finite, got {penalty:g}")
-    top, most = o.top_logprobs, limits.max_top_logprobs
-    _check(top <= most, f"options.top_logprobs must be in [0, {most}] (max_top_logprobs), got {top}")
-    _check(o.return_logprobs or not o.top_logprobs, "options.top_logprobs needs options.return_logprobs")
-    if beams > 1:  # beam search here is deterministic, and defined as model/beam.py's reference defines it
-        _check(o.temperature == 0, f"options.temperature must be 0 with num_beams > 1 (beam search is "
-                                   f"deterministic), got {o.temperature:g}")
-        _check(not o.stop, "options.stop is not supported with num_beams > 1")
-        _check(repetition_penalty == 1, f"options.repetition_penalty must be 1 with num_beams > 1, "
-                                        f"got {repetition_penalty:g}")
-    return dict(num_beams=beams, num_return_sequences=n, length_penalty=float(penalty),
-                early_stopping=o.early_stopping, return_logprobs=o.return_logprobs, top_logprobs=o.top_logprobs)
-
-
 class GenerationService(pb_grpc.GenerationServicer):
     def __init__(self, metrics: Metrics) -> None:
         self.metrics = metrics
         self.engine = self.tokenizer = self.limits = self.info = None
+        self.defaults = options.NO_DEFAULTS  # the model's generation defaults: options a request leaves unset take them
         self._max_chars = 0  # inputs longer than this cannot fit max_input_tokens: refused before tokenising
         self.outbox: Outbox | None = None  # the engine's events for this event loop
         self.draining = False
         self.inflight = InFlight(metrics)
 
-    def open(self, engine, tokenizer, limits: Limits, model: dict) -> None:
-        """Starts answering generation calls (the app calls it once the model is loaded and warmed up)."""
-        self.tokenizer, self.limits = tokenizer, limits
+    def open(self, engine, tokenizer, limits: Limits, model: dict,
+             defaults: SamplingParams = options.NO_DEFAULTS) -> None:
+        """Starts answering generation calls (the app calls it once the model is loaded and warmed up). defaults: the
+        model's generation defaults, which options a request leaves unset take."""
+        self.tokenizer, self.limits, self.defaults = tokenizer, limits, defaults
         self._max_chars = limits.max_input_tokens * max(map(len, tokenizer.get_vocab())) * _CHARS_PER_TOKEN_SLACK
-        self.info = pb.ModelInfo(limits=pb.Limits(**dataclasses.asdict(limits)), **model)
+        config = {k: _config_value(v) for k, v in model.pop("config").items()}
+        self.info = pb.ModelInfo(limits=pb.Limits(**dataclasses.asdict(limits)), config=config,
+                                 option_ranges=_option_ranges(), **model)
         self.metrics.model.info({"provider": model["execution_provider"], "variant": model["variant"],
                                  "bundle_format_version": str(model["bundle_format_version"]),
                                  "onnxruntime_version": model["onnxruntime_version"]})
@@ -112,12 +99,11 @@ class GenerationService(pb_grpc.GenerationServicer):
                 if exc.reason:
                     self.metrics.rejected.labels(exc.reason).inc()
             except (asyncio.CancelledError, GeneratorExit):  # the client went away, or its deadline passed
-                late = call.deadline and time.monotonic() >= call.deadline
-                code = Code.DEADLINE_EXCEEDED if late else Code.CANCELLED
+                code = Code.DEADLINE_EXCEEDED if call.expired(time.monotonic()) else Code.CANCELLED
                 raise
-            except Exception as exc:
+            except Exception:
                 log.exception("%s failed", method)
-                code, message = Code.INTERNAL, f"internal error: {exc}"
+                code, message = Code.INTERNAL, ERROR_MESSAGE  # the log has the exception: the client sees no repr
             finally:
                 call.release()
                 self.metrics.requests.labels(method, code.name).inc()
@@ -150,7 +136,7 @@ class GenerationService(pb_grpc.GenerationServicer):
             params = self._params(request.options)
             row = self._new_request(call, request.input, "input", params, stream=False)
             self._submit(call, [row])
-            return _response(await self._result(*call.rows[0]))
+            return _response(await self._result(call.rows[0][1]))
 
     async def GenerateStream(self, request: pb.GenerateRequest, context):
         async with self._call("GenerateStream", context, request) as call:
@@ -165,15 +151,15 @@ class GenerationService(pb_grpc.GenerationServicer):
                 piece = pb.GenerateStreamResponse(text="".join(e.text for e in events),
                                                   token_ids=[t for e in events for t in e.token_ids])
                 end = events[-1]
-                if end.finish_reason is None and end.error is None:
+                if end.result is None:
                     yield piece
                     continue
-                aborted = end.error is not None or end.finish_reason in _ABORTS
+                aborted = end.finish_reason in _ABORTS
                 if aborted and (piece.text or piece.token_ids):  # what came before an abort still reaches the client
                     yield piece
                     piece = pb.GenerateStreamResponse()
-                _raise_for_end(row, end)
-                piece.MergeFrom(pb.GenerateStreamResponse(**_summary(row)))
+                _raise_for_end(end.result)
+                piece.MergeFrom(pb.GenerateStreamResponse(**_summary(end.result)))
                 yield piece
                 return
 
@@ -186,52 +172,30 @@ class GenerationService(pb_grpc.GenerationServicer):
             rows = [self._new_request(call, text, f"inputs[{i}]", params, stream=False)
                     for i, text in enumerate(request.inputs)]
             self._submit(call, rows)
-            results = [await self._result(row, queue) for row, queue in call.rows]  # all run at once in the engine
+            results = [await self._result(queue) for _, queue in call.rows]  # all run at once in the engine
             return pb.GenerateBatchResponse(results=[_response(r) for r in results])
 
     async def GetModelInfo(self, request: pb.GetModelInfoRequest, context) -> pb.ModelInfo:
         async with self._call("GetModelInfo", context, request, timed=False):
             return self.info
 
-    def _params(self, o: pb.DecodingOptions) -> dict:
+    def _params(self, o: pb.DecodingOptions) -> SamplingParams:
         """Validated decoding options (INVALID_ARGUMENT names the field); the seed is chosen per input."""
-        cap = self.limits.max_new_tokens
-        max_new = o.max_new_tokens if o.HasField("max_new_tokens") else self.limits.default_max_new_tokens
-        _check(1 <= max_new <= cap, f"options.max_new_tokens must be in [1, {cap}], got {max_new}")
-        _check(o.min_new_tokens <= max_new,
-               f"options.min_new_tokens must be at most max_new_tokens ({max_new}), got {o.min_new_tokens}")
-        _check(math.isfinite(o.temperature) and o.temperature >= 0,
-               f"options.temperature must be finite and >= 0, got {o.temperature:g}")
-        _check(o.top_k >= 0, f"options.top_k must be >= 0 (0 = disabled), got {o.top_k}")
-        top_p = o.top_p if o.HasField("top_p") else 1.0
-        _check(0 < top_p <= 1, f"options.top_p must be in (0, 1], got {top_p:g}")
-        penalty = o.repetition_penalty if o.HasField("repetition_penalty") else 1.0
-        _check(math.isfinite(penalty) and penalty > 0, f"options.repetition_penalty must be finite and > 0, "
-                                                       f"got {penalty:g}")
-        most = self.limits.max_stop_strings
-        _check(len(o.stop) <= most, f"options.stop has {len(o.stop)} strings, more than max_stop_strings={most}")
-        each, total = self.limits.max_stop_string_bytes, 0
-        for i, stop in enumerate(o.stop):
-            _check(stop != "", f"options.stop[{i}] must not be empty")
-            size = len(stop.encode())
-            _check(size <= each, f"options.stop[{i}] has {size} bytes, more than max_stop_string_bytes={each}")
-            total += size
-        _check(total <= self.limits.max_stop_bytes, f"options.stop has {total} bytes in all, more than "
-                                                    f"max_stop_bytes={self.limits.max_stop_bytes}")
-        return dict(max_new_tokens=max_new, min_new_tokens=o.min_new_tokens, temperature=float(o.temperature),
-                    top_k=o.top_k, top_p=float(top_p), repetition_penalty=float(penalty), stop=tuple(o.stop),
-                    seed=o.seed if o.HasField("seed") else None, **_beam_params(o, self.limits, penalty))
+        try:
+            return options.sampling_params(o, self.limits, self.defaults)
+        except options.InvalidOption as exc:
+            raise Rejected(Code.INVALID_ARGUMENT, str(exc), "invalid_argument") from None
 
-    def _new_request(self, call: Call, text: str, field: str, params: dict, stream: bool) -> Request:
+    def _new_request(self, call: Call, text: str, field: str, params: SamplingParams, stream: bool) -> Request:
         _check(text.strip() != "", f"{field} must not be empty or whitespace")
         most = self.limits.max_input_tokens
         _check(len(text) <= self._max_chars, f"{field} has {len(text)} characters, more than "
                                              f"max_input_tokens={most} tokens can hold")
         ids = self.tokenizer.encode(text).ids
         _check(len(ids) <= most, f"{field} has {len(ids)} tokens, more than max_input_tokens={most}")
-        seed = params["seed"] if params["seed"] is not None else secrets.randbits(64)  # returned to the client
-        return Request(ids, SamplingParams(**{**params, "seed": seed}), sink=self._outbox(), stream=stream,
-                       deadline=call.deadline)
+        if params.seed is None:
+            params = dataclasses.replace(params, seed=secrets.randbits(64))  # returned to the client
+        return Request(ids, params, sink=self._outbox(), stream=stream, deadline=call.deadline)
 
     def _outbox(self) -> Outbox:
         """The sink for requests of this event loop (made on the loop, once)."""
@@ -255,34 +219,30 @@ class GenerationService(pb_grpc.GenerationServicer):
             call.rows.append((row, queue))
 
     @staticmethod
-    async def _result(row: Request, queue: asyncio.Queue) -> Request:
+    async def _result(queue: asyncio.Queue) -> Result:
         while True:
             event = await queue.get()
-            if event.finish_reason is not None or event.error is not None:
-                _raise_for_end(row, event)
-                return row
+            if event.result is not None:
+                _raise_for_end(event.result)
+                return event.result
 
 
-def _raise_for_end(row: Request, end: Event) -> None:
-    """Turns a final event that is not a normal finish into the call's status."""
-    if end.error is not None:
-        raise Rejected(Code.INTERNAL, end.error)
-    if end.finish_reason is FinishReason.DEADLINE:
-        raise Rejected(Code.DEADLINE_EXCEEDED, f"deadline passed after {len(row.output_ids)} generated tokens")
-    if end.finish_reason is FinishReason.CANCELLED:  # only the engine stopping cancels a row whose call is alive
+def _raise_for_end(result: Result) -> None:
+    """Turns a result that is not a normal finish into the call's status."""
+    if result.error is not None or result.finish_reason is FinishReason.ERROR:
+        raise Rejected(Code.INTERNAL, result.error or ERROR_MESSAGE)
+    if result.finish_reason is FinishReason.DEADLINE:
+        raise Rejected(Code.DEADLINE_EXCEEDED, "the deadline passed before the generation finished")
+    if result.finish_reason is FinishReason.CANCELLED:  # only the engine stopping cancels a row whose call is alive
         raise Rejected(Code.UNAVAILABLE, "the server stopped before this generation finished")
 
 
-def _summary(row: Request) -> dict:
-    def since_arrival(t: float | None) -> float:
-        return 0.0 if t is None else max(0.0, t - row.arrival)
-
-    return dict(finish_reason=_FINISH[row.finish_reason], seed=row.params.seed,
-                usage=pb.Usage(input_tokens=row.n_input_tokens, generated_tokens=len(row.output_ids)),
-                timings=pb.Timings(queue_seconds=since_arrival(row.scheduled_at),
-                                   first_token_seconds=since_arrival(row.first_token_at),
-                                   total_seconds=since_arrival(row.finished_at)),
-                sequences=[_sequence(s) for s in row.sequences])
+def _summary(result: Result) -> dict:
+    return dict(finish_reason=_FINISH[result.finish_reason], seed=result.seed,
+                usage=pb.Usage(input_tokens=result.input_tokens, generated_tokens=result.generated_tokens),
+                timings=pb.Timings(queue_seconds=result.queue_seconds, first_token_seconds=result.first_token_seconds,
+                                   total_seconds=result.total_seconds),
+                sequences=[_sequence(s) for s in result.sequences])
 
 
 def _sequence(s: Sequence) -> pb.Sequence:
@@ -292,5 +252,21 @@ def _sequence(s: Sequence) -> pb.Sequence:
                            pb.TopLogprob(token_id=i, logprob=lp) for i, lp in t.top]) for t in s.logprobs])
 
 
-def _response(row: Request) -> pb.GenerateResponse:
-    return pb.GenerateResponse(text=row.text, token_ids=row.output_ids, **_summary(row))
+def _response(result: Result) -> pb.GenerateResponse:
+    return pb.GenerateResponse(text=result.text, token_ids=result.token_ids, **_summary(result))
+
+
+def _option_ranges() -> dict[str, pb.FloatRange]:
+    """Every float option's accepted range (contract/decoding.py), as GetModelInfo reports them."""
+    return {name: pb.FloatRange(min=r.lo, max=r.hi, min_exclusive=r.lo_open) for name, r in FLOAT_RANGES.items()}
+
+
+def _config_value(value) -> pb.ConfigValue:
+    """A model config value with its type (bool before int: a bool is an int in Python)."""
+    if isinstance(value, bool):
+        return pb.ConfigValue(bool_value=value)
+    if isinstance(value, int):
+        return pb.ConfigValue(int_value=value)
+    if isinstance(value, float):
+        return pb.ConfigValue(double_value=value)
+    return pb.ConfigValue(string_value=value if isinstance(value, str) else json.dumps(value))

@@ -23,8 +23,11 @@ class Slots:
         self.hi = 0  # rows [0, hi) are stepped: every live row is below hi
         self.n_live = 0
         self.index: dict[int, list[int]] = {}  # request id -> its slots (one per beam)
-        self.beam = np.zeros(capacity, bool)  # (C,) rows of beam requests (engine.py updates them per request)
+        self._tracked: tuple[np.ndarray, ...] = ()  # per-row state kept elsewhere (beam.py), moved and cleared here
 
+    def track(self, *arrays: np.ndarray) -> None:
+        """Per-row arrays (C, ...) that another component keeps: moved with their row, cleared when it is freed."""
+        self._tracked += arrays
 
     def free(self, n: int) -> list[int]:
         """The n lowest free slots (placing rows low keeps hi, the stepped batch, small)."""
@@ -36,7 +39,6 @@ class Slots:
     def place(self, request: Request, slot: int) -> None:
         self.requests[slot] = request
         self.index.setdefault(request.id, []).append(slot)
-        self.beam[slot] = request.n_rows > 1
         self.ids[slot, 0] = self.bos_id
         self.length[slot] = 0
         self.max_new[slot] = request.params.max_new_tokens
@@ -51,10 +53,11 @@ class Slots:
         if not rows:
             del self.index[self.requests[slot].id]
         self.requests[slot] = None
-        self.beam[slot] = False
         self.live[slot] = False
         self.n_live -= 1
         self.length[slot] = 0
+        for a in self._tracked:
+            a[slot] = _BLANK.get(a.dtype, 0)
         while self.hi and not self.live[self.hi - 1]:
             self.hi -= 1
 
@@ -65,11 +68,6 @@ class Slots:
 
     def slots_of(self, request: Request) -> list[int]:
         return self.index.get(request.id, [])
-
-    def last_tokens(self) -> np.ndarray:
-        """(hi,) each stepped row's last id (BOS for a new row; free rows feed whatever they hold)."""
-        rows = np.arange(self.hi)
-        return self.ids[rows, self.length[: self.hi]]
 
     def append(self, chosen: np.ndarray, rows: np.ndarray) -> None:
         """chosen (hi,) ids; rows (hi,) bool: the rows whose id is written after their tokens."""
@@ -86,9 +84,12 @@ class Slots:
         self.requests[dst], self.requests[src] = self.requests[src], None
         rows = self.index[self.requests[dst].id]
         rows[rows.index(src)] = dst
-        for a in (self.ids, self.length, self.max_new, self.min_new, self.live, self.beam):
+        for a in (self.ids, self.length, self.max_new, self.min_new, self.live):
             a[dst] = a[src]
-        self.live[src], self.length[src], self.beam[src] = False, 0, False
+        self.live[src], self.length[src] = False, 0
+        for a in self._tracked:
+            a[dst] = a[src]
+            a[src] = _BLANK.get(a.dtype, 0)
         while self.hi and not self.live[self.hi - 1]:
             self.hi -= 1
 
@@ -96,3 +97,6 @@ class Slots:
         """Beam search: rows dst continue from rows src's tokens (all read before any is written)."""
         self.ids[dst] = self.ids[src]
         self.length[dst] = self.length[src]
+
+
+_BLANK = {np.dtype(object): None}  # what a freed row holds in a tracked array (0 / False otherwise)

@@ -65,6 +65,12 @@ class Served:
 
             runner.step = slow_step
 
+    def gate(self) -> StepGate:
+        """The engine's step gate (made once): close() holds the engine after its next step, open() lets it go on."""
+        if getattr(self, "_gate", None) is None:
+            self._gate = StepGate(self.app.engine)
+        return self._gate
+
     def metric(self, name: str, **labels) -> float:
         return self.app.metrics.registry.get_sample_value(name, labels) or 0.0
 
@@ -76,6 +82,56 @@ class Served:
             self.run_async(self.app.close()).result(60)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(10)
+
+
+class StepGate:
+    """Holds the engine thread between two steps (Engine.after_step calls it after every step), so a test acts at an
+    exact step, event-driven: "cancel after k tokens" is exact on any machine, with no timing window."""
+
+    def __init__(self, engine) -> None:
+        self.engine = engine
+        self._cond = threading.Condition()
+        self._closed = False
+        self._allowed = 0  # steps the engine may still take while the gate is closed
+        self.held = threading.Event()  # set while the engine waits here
+        self.steps = 0  # steps the engine finished since the gate was made
+        engine.after_step = self
+
+    def __call__(self) -> None:
+        with self._cond:
+            self.steps += 1
+            while self._closed and not self._allowed:
+                self.held.set()
+                self._cond.wait()
+            self.held.clear()
+            if self._closed:
+                self._allowed -= 1
+
+    def close(self) -> None:
+        """Once the engine is idle (earlier requests retired), holds it after its next step: the one that admits the
+        next request and gives it its first token."""
+        wait_for(lambda: not self.engine.scheduler.has_work(), what="an idle engine")
+        with self._cond:
+            self._closed, self._allowed = True, 0
+
+    def run(self, steps: int) -> None:
+        """The engine, held, takes exactly this many more steps and is held again (returns once it is)."""
+        self.wait_held()
+        with self._cond:
+            self._allowed = steps
+            self.held.clear()
+            self._cond.notify_all()
+        wait_for(lambda: self.held.is_set() and not self._allowed, what=f"{steps} more steps")
+
+    def open(self) -> None:
+        """Lets the engine go on; its next schedule looks at every cancel and deadline at once."""
+        self.engine.scheduler.sweep_next()
+        with self._cond:
+            self._closed = False
+            self._cond.notify_all()
+
+    def wait_held(self, timeout: float = 30) -> None:
+        assert self.held.wait(timeout), "the engine never reached the gate"
 
 
 def wait_for(predicate, timeout: float = 20, what: str = "condition") -> None:

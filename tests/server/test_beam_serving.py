@@ -112,14 +112,18 @@ def test_streaming_a_beam_request_sends_the_final_n_best_once(served, heldout):
 
 def test_rows_and_cache_return_to_idle_after_beams_including_cancelled(make_server, heldout):
     s = make_server()
-    s.slow_down(0.05)
+    gate = s.gate()
+    gate.close()  # the beams hold their rows, between two steps, while they are cancelled
     stream = s.stub.GenerateStream(request(heldout[0][0], max_new_tokens=MAX_NEW, num_beams=4), timeout=60)
-    wait_for(lambda: s.metric("seqserve_running_requests") == 4, what="four beam rows in the batch")
-    wait_for(lambda: s.metric("seqserve_kv_cache_bytes") > 0, what="their cache counted")
+    gate.wait_held()
+    assert s.metric("seqserve_running_requests") == 4, "four beam rows in the batch"
+    assert s.metric("seqserve_kv_cache_bytes") > 0, "their cache counted"
+    (row,) = s.app.engine.scheduler.running
     stream.cancel()
+    wait_for(lambda: row.cancelled, what="the cancel to reach the request")
+    gate.open()
     wait_for(lambda: s.metric("seqserve_running_requests") == 0, what="the cancelled beams to leave")
     wait_for(lambda: s.metric("seqserve_kv_cache_bytes") == 0, what="their cache freed")
-    s.slow_down(0)
     done = s.stub.Generate(request(heldout[1][0], max_new_tokens=MAX_NEW, num_beams=4), timeout=60)
     assert done.sequences
     wait_for(lambda: s.metric("seqserve_running_requests") == 0, what="the finished beams to leave")

@@ -87,3 +87,12 @@ def test_held_back_is_the_longest_end_that_could_grow_into_a_stop_string():
     assert held_back("xx a b", ("a b c",)) == 3
     assert held_back("xx a", ("a b c", "xx a b")) == 4
     assert held_back("xx", ("yz",)) == 0
+
+
+def test_a_stop_string_the_final_decode_completes_ends_the_text_stop(tok):
+    """The whole-output decode at the end writes U+FFFD for an unfinished UTF-8 character, which the token-by-token
+    text never showed: a stop string of U+FFFD must still cut it, and the request ends STOP (issue 16, item 9)."""
+    ids = tok.encode("aé").ids[:-2]  # "a" and the first byte of "é" (the end token dropped)
+    assert tok.decode(ids, skip_special_tokens=True).endswith("\ufffd")
+    pieces, text = stream(tok, ids, ("\ufffd",))
+    assert "\ufffd" not in text.text and "".join(pieces) == text.text and text.stopped

@@ -48,7 +48,8 @@ def _number(f: FieldDescriptor) -> st.SearchStrategy:
     ranges = {FieldDescriptor.TYPE_UINT32: (0, 2**32 - 1), FieldDescriptor.TYPE_INT32: (-(2**31), 2**31 - 1),
               FieldDescriptor.TYPE_UINT64: (0, 2**64 - 1)}
     if f.type == FieldDescriptor.TYPE_FLOAT:
-        return st.one_of(st.floats(width=32), st.sampled_from([0.0, 0.5, 1.0, 2.0, float("nan"), float("inf")]))
+        extremes = [0.0, 0.5, 1.0, 2.0, float("nan"), float("inf"), -10.0, 10.0, 100.0, 1e-30, 3.4e38, -3.4e38]
+        return st.one_of(st.floats(width=32), st.sampled_from(extremes))  # every float option's range ends, too
     if f.type == FieldDescriptor.TYPE_BOOL:
         return st.booleans()
     lo, hi = ranges[f.type]

@@ -20,10 +20,16 @@ def test_unary_equals_pytorch_reference(served, heldout, reference):
     assert 0 <= r.timings.queue_seconds <= r.timings.first_token_seconds <= r.timings.total_seconds
 
 
-def test_stream_pieces_arrive_before_the_end_and_add_up_to_the_unary_text(served, heldout):
+def test_stream_pieces_arrive_before_the_end_and_add_up_to_the_unary_text(make_server, heldout):
+    s = make_server()
     src = max((s for s, _ in heldout), key=len)
-    unary = served.stub.Generate(request(src), timeout=30)
-    messages = list(served.stub.GenerateStream(request(src), timeout=30))
+    unary = s.stub.Generate(request(src), timeout=30)
+    gate = s.gate()
+    gate.close()  # the first piece is read while the engine holds after the first step
+    stream = s.stub.GenerateStream(request(src), timeout=30)
+    messages = [next(stream)]
+    gate.open()
+    messages += list(stream)
     assert len(messages) > 1 and all(m.finish_reason == pb.FINISH_REASON_UNSPECIFIED for m in messages[:-1])
     assert any(m.text for m in messages[:-1]), "no text before the final message"
     assert "".join(m.text for m in messages) == unary.text
@@ -67,10 +73,13 @@ def test_a_request_joining_mid_generation_changes_nobody(make_server, heldout):
     long_first = dict(min_new_tokens=30, max_new_tokens=30)  # runs well past the copy, on forced tokens
     alone_first = s.stub.Generate(request(first, **long_first), timeout=30)
     alone_second = s.stub.Generate(request(second), timeout=30)
-    s.slow_down(0.03)  # the first request runs about a second: the second one joins it mid-way
+    gate = s.gate()
+    gate.close()  # the engine holds after the first request's first step: the second one joins it there
     stream = s.stub.GenerateStream(request(first, **long_first), timeout=60)
     pieces = [next(stream)]  # the first request is mid-generation now
     joined = s.stub.Generate.future(request(second), timeout=60)
+    wait_for(lambda: s.app.engine.scheduler.n_waiting == 1, what="the joining request queued")
+    gate.open()
     wait_for(joined.done, what="the joining request")
     pieces += list(stream)
     assert pieces[-1].finish_reason == pb.FINISH_REASON_LENGTH
@@ -103,8 +112,8 @@ def test_model_info(served):
     info = served.stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=10)
     assert info.execution_provider == PROVIDER and info.variant == "fp32"
     assert info.bundle_format_version == 1 and info.onnxruntime_version
-    assert int(info.config["d_model"]) > 0
-    assert info.limits.max_new_tokens > 0 and info.limits.max_input_tokens == int(info.config["max_positions"])
+    assert info.config["d_model"].int_value > 0
+    assert info.limits.max_new_tokens > 0 and info.limits.max_input_tokens == info.config["max_positions"].int_value
     assert 0 < info.limits.default_max_new_tokens <= info.limits.max_new_tokens
 
 
@@ -112,7 +121,13 @@ def test_stream_interval_groups_tokens_and_still_adds_up_to_the_unary_text(make_
     s = make_server(stream_interval=4)
     src = max((src for src, _ in heldout), key=len)
     unary = s.stub.Generate(request(src, max_new_tokens=14, min_new_tokens=14), timeout=30)
-    messages = list(s.stub.GenerateStream(request(src, max_new_tokens=14, min_new_tokens=14), timeout=30))
+    gate = s.gate()
+    gate.close()
+    stream = s.stub.GenerateStream(request(src, max_new_tokens=14, min_new_tokens=14), timeout=30)
+    gate.run(3)  # four steps: the first message is read before the engine goes on
+    messages = [next(stream)]
+    gate.open()
+    messages += list(stream)
     sizes = [len(m.token_ids) for m in messages]  # groups of 4 (a slow reader may get several in one message)
     assert sum(sizes) == 14 and all(n % 4 == 0 for n in sizes[:-1]) and sizes[-1] % 4 == 2 and len(sizes) > 1
     assert "".join(m.text for m in messages) == unary.text

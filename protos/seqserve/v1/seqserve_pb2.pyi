@@ -168,15 +168,27 @@ class GetModelInfoRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
+class ConfigValue(_message.Message):
+    __slots__ = ("int_value", "double_value", "bool_value", "string_value")
+    INT_VALUE_FIELD_NUMBER: _ClassVar[int]
+    DOUBLE_VALUE_FIELD_NUMBER: _ClassVar[int]
+    BOOL_VALUE_FIELD_NUMBER: _ClassVar[int]
+    STRING_VALUE_FIELD_NUMBER: _ClassVar[int]
+    int_value: int
+    double_value: float
+    bool_value: bool
+    string_value: str
+    def __init__(self, int_value: _Optional[int] = ..., double_value: _Optional[float] = ..., bool_value: _Optional[bool] = ..., string_value: _Optional[str] = ...) -> None: ...
+
 class ModelInfo(_message.Message):
-    __slots__ = ("config", "bundle_format_version", "variant", "execution_provider", "onnxruntime_version", "limits", "quality")
+    __slots__ = ("config", "bundle_format_version", "variant", "execution_provider", "onnxruntime_version", "limits", "quality", "option_ranges")
     class ConfigEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
         VALUE_FIELD_NUMBER: _ClassVar[int]
         key: str
-        value: str
-        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+        value: ConfigValue
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[ConfigValue, _Mapping]] = ...) -> None: ...
     class QualityEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -184,6 +196,13 @@ class ModelInfo(_message.Message):
         key: str
         value: float
         def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    class OptionRangesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: FloatRange
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[FloatRange, _Mapping]] = ...) -> None: ...
     CONFIG_FIELD_NUMBER: _ClassVar[int]
     BUNDLE_FORMAT_VERSION_FIELD_NUMBER: _ClassVar[int]
     VARIANT_FIELD_NUMBER: _ClassVar[int]
@@ -191,14 +210,16 @@ class ModelInfo(_message.Message):
     ONNXRUNTIME_VERSION_FIELD_NUMBER: _ClassVar[int]
     LIMITS_FIELD_NUMBER: _ClassVar[int]
     QUALITY_FIELD_NUMBER: _ClassVar[int]
-    config: _containers.ScalarMap[str, str]
+    OPTION_RANGES_FIELD_NUMBER: _ClassVar[int]
+    config: _containers.MessageMap[str, ConfigValue]
     bundle_format_version: int
     variant: str
     execution_provider: str
     onnxruntime_version: str
     limits: Limits
     quality: _containers.ScalarMap[str, float]
-    def __init__(self, config: _Optional[_Mapping[str, str]] = ..., bundle_format_version: _Optional[int] = ..., variant: _Optional[str] = ..., execution_provider: _Optional[str] = ..., onnxruntime_version: _Optional[str] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., quality: _Optional[_Mapping[str, float]] = ...) -> None: ...
+    option_ranges: _containers.MessageMap[str, FloatRange]
+    def __init__(self, config: _Optional[_Mapping[str, ConfigValue]] = ..., bundle_format_version: _Optional[int] = ..., variant: _Optional[str] = ..., execution_provider: _Optional[str] = ..., onnxruntime_version: _Optional[str] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., quality: _Optional[_Mapping[str, float]] = ..., option_ranges: _Optional[_Mapping[str, FloatRange]] = ...) -> None: ...
 
 class Limits(_message.Message):
     __slots__ = ("max_input_tokens", "max_new_tokens", "max_batch_size", "max_waiting", "max_batch_inputs", "max_stop_strings", "default_max_new_tokens", "max_stop_string_bytes", "max_stop_bytes", "max_receive_message_bytes", "max_inflight_bytes", "max_num_beams", "max_top_logprobs")
@@ -229,3 +250,13 @@ class Limits(_message.Message):
     max_num_beams: int
     max_top_logprobs: int
     def __init__(self, max_input_tokens: _Optional[int] = ..., max_new_tokens: _Optional[int] = ..., max_batch_size: _Optional[int] = ..., max_waiting: _Optional[int] = ..., max_batch_inputs: _Optional[int] = ..., max_stop_strings: _Optional[int] = ..., default_max_new_tokens: _Optional[int] = ..., max_stop_string_bytes: _Optional[int] = ..., max_stop_bytes: _Optional[int] = ..., max_receive_message_bytes: _Optional[int] = ..., max_inflight_bytes: _Optional[int] = ..., max_num_beams: _Optional[int] = ..., max_top_logprobs: _Optional[int] = ...) -> None: ...
+
+class FloatRange(_message.Message):
+    __slots__ = ("min", "max", "min_exclusive")
+    MIN_FIELD_NUMBER: _ClassVar[int]
+    MAX_FIELD_NUMBER: _ClassVar[int]
+    MIN_EXCLUSIVE_FIELD_NUMBER: _ClassVar[int]
+    min: float
+    max: float
+    min_exclusive: bool
+    def __init__(self, min: _Optional[float] = ..., max: _Optional[float] = ..., min_exclusive: _Optional[bool] = ...) -> None: ...

@@ -1,0 +1,84 @@
+"""A request's DecodingOptions -> a validated, frozen SamplingParams: every option's rule and range, in one place.
+
+Pure: it reads the message's fields (whatever object carries them; only service.py imports the generated code) and
+the server's Limits, and returns params or raises InvalidOption with a message naming the field. An option the
+request leaves unset takes its value from `defaults`, the model's generation defaults (SamplingParams() when the
+bundle has none); max_new_tokens unset takes Limits.default_max_new_tokens, the server's setting.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from seqserve.contract.decoding import REPETITION_PENALTY, TEMPERATURE, TOP_P, beam_problem
+from seqserve.server.request import SamplingParams
+from seqserve.server.settings import Limits
+
+NO_DEFAULTS = SamplingParams()  # a bundle without generation defaults
+
+
+class InvalidOption(ValueError):
+    """An option outside its range: the message names the field (the service answers INVALID_ARGUMENT)."""
+
+
+def _check(ok: bool, message: str) -> None:
+    if not ok:
+        raise InvalidOption(message)
+
+
+def _given(o, name: str, default):
+    """The request's value, or default when it left the field unset (no presence: the zero value means unset)."""
+    value = getattr(o, name)
+    if o.DESCRIPTOR.fields_by_name[name].has_presence:
+        return value if o.HasField(name) else default
+    return value or default
+
+
+def sampling_params(o, limits: Limits, defaults: SamplingParams = NO_DEFAULTS) -> SamplingParams:
+    """The validated options; seed is None when the request left it unset (the service draws one per input)."""
+    cap = limits.max_new_tokens
+    max_new = o.max_new_tokens if o.HasField("max_new_tokens") else limits.default_max_new_tokens
+    _check(1 <= max_new <= cap, f"options.max_new_tokens must be in [1, {cap}], got {max_new}")
+    min_new = _given(o, "min_new_tokens", defaults.min_new_tokens)
+    _check(min_new <= max_new, f"options.min_new_tokens must be at most max_new_tokens ({max_new}), got {min_new}")
+    temperature = float(_given(o, "temperature", defaults.temperature))
+    _check(temperature in TEMPERATURE,
+           f"options.temperature must be finite and >= 0 (in {TEMPERATURE}), got {temperature:g}")
+    top_k = _given(o, "top_k", defaults.top_k)
+    _check(top_k >= 0, f"options.top_k must be >= 0 (0 = disabled), got {top_k}")
+    top_p = float(_given(o, "top_p", defaults.top_p))
+    _check(top_p in TOP_P, f"options.top_p must be in {TOP_P}, got {top_p:g}")
+    penalty = float(_given(o, "repetition_penalty", defaults.repetition_penalty))
+    _check(penalty in REPETITION_PENALTY,
+           f"options.repetition_penalty must be finite and > 0 (in {REPETITION_PENALTY}), got {penalty:g}")
+    stop = tuple(o.stop) or defaults.stop
+    _check_stop(stop, limits)
+    beams, most = _given(o, "num_beams", defaults.num_beams), limits.max_num_beams
+    _check(beams <= most, f"options.num_beams must be in [1, {most}] (max_num_beams), got {beams}")
+    n = _given(o, "num_return_sequences", defaults.num_return_sequences)
+    length_penalty = float(_given(o, "length_penalty", defaults.length_penalty))
+    problem = beam_problem(beams, n, length_penalty)
+    _check(problem is None, f"options.{problem}")
+    top, most = o.top_logprobs, limits.max_top_logprobs
+    _check(top <= most, f"options.top_logprobs must be in [0, {most}] (max_top_logprobs), got {top}")
+    _check(o.return_logprobs or not top, "options.top_logprobs needs options.return_logprobs")
+    problem = beam_problem(beams, n, length_penalty, temperature, penalty, stop)
+    _check(problem is None, f"options.{problem}")
+    return dataclasses.replace(
+        defaults, max_new_tokens=max_new, min_new_tokens=min_new, temperature=temperature, top_k=top_k, top_p=top_p,
+        repetition_penalty=penalty, stop=stop, seed=o.seed if o.HasField("seed") else None, num_beams=beams,
+        num_return_sequences=n, length_penalty=length_penalty,
+        early_stopping=bool(_given(o, "early_stopping", defaults.early_stopping)),
+        return_logprobs=o.return_logprobs, top_logprobs=top)
+
+
+def _check_stop(stop: tuple[str, ...], limits: Limits) -> None:
+    most = limits.max_stop_strings
+    _check(len(stop) <= most, f"options.stop has {len(stop)} strings, more than max_stop_strings={most}")
+    each, total = limits.max_stop_string_bytes, 0
+    for i, s in enumerate(stop):
+        _check(s != "", f"options.stop[{i}] must not be empty")
+        size = len(s.encode())
+        _check(size <= each, f"options.stop[{i}] has {size} bytes, more than max_stop_string_bytes={each}")
+        total += size
+    _check(total <= limits.max_stop_bytes,
+           f"options.stop has {total} bytes in all, more than max_stop_bytes={limits.max_stop_bytes}")

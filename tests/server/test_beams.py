@@ -1,0 +1,105 @@
+"""server/beam.py's Beams against the PyTorch reference (model/beam.py's SourceBeams), step by step, on a synthetic
+model with many exact ties: every beam request of a changing batch gets the reference's n-best, exactly.
+
+The synthetic model's logits are a function of the request and the row's own tokens so far (read back from the slot
+map), so a beam continued from the wrong parent, a row reordered wrongly or a tie broken the other way changes the
+result. The real Runner runs a real decoder step on the tiny bundle each step (its logits are replaced), so the KV
+caches' reorder and the concat cache's compaction (rows moving between slots) happen as in serving.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from seqserve.model.beam import BeamOptions, SourceBeams
+from seqserve.server.beam import Beams
+from seqserve.server.device import RuntimeConfig
+from seqserve.server.request import Request, SamplingParams
+from seqserve.server.runner import Runner
+from seqserve.server.sampling import log_softmax
+
+LEVELS = np.array([0.0, -0.5, -1.0, -1.5, -2.0, -4.0], np.float32)  # few values: ties everywhere, at any rank
+
+
+def synthetic_logits(seed: int, prefix: list[int], vocab: int, eos: int) -> np.ndarray:
+    """(V,) float32: half the prefixes draw from LEVELS (exact ties), half from a rounded normal (a few)."""
+    rng = np.random.default_rng([seed, *prefix])
+    if rng.random() < 0.5:
+        x = rng.choice(LEVELS, vocab)
+    else:
+        x = np.round(rng.normal(0.0, 1.5, vocab), 1).astype(np.float32)
+    end = rng.random()  # the end token often ties for the best, or ranks just behind the best candidates
+    x[eos] = x.max() if end < 0.2 else x.max() - 0.3 if end < 0.6 else x[eos]
+    return x
+
+
+def reference(seed: int, opts: BeamOptions, vocab: int, eos: int):
+    search = SourceBeams(opts, eos)
+    while not search.done:
+        table = np.stack([log_softmax(synthetic_logits(seed, list(b.tokens), vocab, eos)) for b in search.live])
+        search.advance(torch.from_numpy(table))
+    return search.results()
+
+
+CASES = [  # (joins at step, num_beams, num_return_sequences, max_new, min_new, length_penalty, early_stopping, top)
+    (0, 4, 4, 9, 0, 1.0, False, 3), (0, 2, 1, 6, 3, 0.0, True, 0), (0, 5, 3, 12, 2, -0.7, False, 0),
+    (1, 3, 3, 8, 0, 2.5, False, 2), (2, 4, 2, 10, 4, 1.0, True, 0), (4, 2, 2, 7, 0, 1.0, False, 0),
+    (4, 6, 6, 11, 1, 0.5, False, 1), (7, 3, 1, 5, 5, 1.0, False, 0), (7, 4, 4, 8, 0, -2.0, True, 0),
+]
+
+
+@pytest.mark.parametrize("kv_cache", ["inplace", "concat"])
+def test_every_request_in_a_changing_batch_gets_the_references_n_best(tiny_bundle, kv_cache):
+    runner = Runner(tiny_bundle, RuntimeConfig(device="cpu", intra_op_threads=1), capacity=48, kv_cache=kv_cache)
+    vocab, eos = runner.manifest.model["vocab_size"], runner.manifest.special_tokens["eos_id"]
+    beams = Beams(runner, lambda ids: " ".join(map(str, ids)), eos)
+    requests = []
+    for i, (_, width, n, max_new, min_new, penalty, early, top) in enumerate(CASES):
+        params = SamplingParams(max_new_tokens=max_new, min_new_tokens=min_new, num_beams=width,
+                                num_return_sequences=n, length_penalty=penalty, early_stopping=early,
+                                return_logprobs=True, top_logprobs=top)
+        requests.append(Request(input_ids=[5 + i, 7, 9, eos][: 2 + i % 3] + [eos], params=params))
+    seed = {r.id: 1000 + i for i, r in enumerate(requests)}
+    cancelled = requests[2]  # leaves mid-search, as a cancel does
+    results, ended, step = {}, [], 0
+    while len(results) + 1 < len(requests):
+        runner.retire(ended)
+        for r in ended:
+            beams.drop(r)
+        if step == 3:
+            runner.retire([cancelled])
+            beams.drop(cancelled)
+        joining = [r for r, case in zip(requests, CASES) if case[0] == step]
+        if joining:
+            runner.encode(joining)
+            runner.admit(joining)
+            beams.admit(joining)
+        slots = runner.slots
+        assert beams.owns().tolist() == [slots.requests[s] is not None for s in range(slots.hi)]
+        runner.step()  # the real decoder step: its K/V are written, reordered and compacted as in serving
+        logits = np.zeros((slots.hi, vocab), np.float32)
+        for s in np.flatnonzero(slots.live[: slots.hi]).tolist():
+            logits[s] = synthetic_logits(seed[slots.requests[s].id], slots.output(s), vocab, eos)
+        done = beams.advance(logits, 0.0)
+        results.update({b.request.id: b for b in done})
+        ended = [b.request for b in done]
+        step += 1
+        assert step < 40
+    for r, case in zip(requests, CASES):
+        if r is cancelled:
+            continue
+        p = r.params
+        want = reference(seed[r.id], BeamOptions(p.max_new_tokens, p.min_new_tokens, p.num_beams,
+                                                 p.num_return_sequences, p.length_penalty, p.early_stopping,
+                                                 p.top_logprobs), vocab, eos)
+        got = results[r.id]
+        assert [s.token_ids for s in got.sequences] == [h.token_ids for h in want], case
+        assert [s.finish_reason.value for s in got.sequences] == [h.finish_reason for h in want]
+        assert [(s.cumulative_logprob, s.score) for s in got.sequences] == [(h.cumulative_logprob, h.score)
+                                                                            for h in want]
+        assert [[t.logprob for t in s.logprobs] for s in got.sequences] == [h.token_logprobs for h in want]
+        assert [[list(t.top) for t in s.logprobs] for s in got.sequences] == [h.top_logprobs for h in want]
+        assert got.finish_reason == got.sequences[0].finish_reason and got.generated == len(want[0].token_ids)
+    runner.retire(ended)
+    assert runner.slots.n_live == 0 and not beams.owns().any()

@@ -1,0 +1,80 @@
+"""Decoding options (server/options.py): every float option has a range, reported by GetModelInfo; unset options take
+the model's defaults; GetModelInfo's config values are typed (issue 16, items 1 and 17)."""
+from __future__ import annotations
+
+import math
+
+import grpc
+import pytest
+from grpc_harness import request
+
+from seqserve.contract.decoding import FLOAT_RANGES
+from seqserve.server.client import Client
+from seqserve.server.options import InvalidOption, sampling_params
+from seqserve.server.request import SamplingParams
+from seqserve.server.settings import Limits
+from seqserve.v1 import seqserve_pb2 as pb
+
+LIMITS = Limits(max_input_tokens=64, max_new_tokens=32, default_max_new_tokens=16, max_stop_strings=8,
+                max_batch_inputs=64, max_batch_size=32, max_waiting=256, max_stop_string_bytes=256, max_stop_bytes=1024,
+                max_receive_message_bytes=1 << 18, max_inflight_bytes=1 << 25, max_num_beams=8, max_top_logprobs=20)
+# Extreme finite values of every float option (float32 on the wire), each just outside its range.
+OUTSIDE = [("temperature", 100.5), ("temperature", 3.4e38), ("temperature", -1e-30),
+           ("top_p", 1.0000001), ("top_p", -3.4e38), ("repetition_penalty", 100.5), ("repetition_penalty", -1e-30),
+           ("repetition_penalty", 3.4e38), ("length_penalty", 10.5), ("length_penalty", -10.5),
+           ("length_penalty", 1000.0), ("length_penalty", 1e30), ("length_penalty", -3.4e38)]
+INSIDE = [("temperature", 100.0), ("temperature", 1e-30), ("top_p", 1e-30), ("repetition_penalty", 100.0),
+          ("repetition_penalty", 1e-30), ("length_penalty", 10.0), ("length_penalty", -10.0)]
+
+
+@pytest.mark.parametrize("name, value", OUTSIDE)
+def test_every_float_option_outside_its_range_is_refused_naming_it(name, value):
+    with pytest.raises(InvalidOption) as err:
+        sampling_params(pb.DecodingOptions(**{name: value}), LIMITS)
+    assert str(err.value).startswith(f"options.{name} must be") and str(FLOAT_RANGES[name]) in str(err.value)
+
+
+@pytest.mark.parametrize("name, value", INSIDE)
+def test_every_float_option_at_its_extremes_is_accepted(name, value):
+    params = sampling_params(pb.DecodingOptions(**{name: value}), LIMITS)
+    assert math.isclose(getattr(params, name), value, rel_tol=1e-6)
+
+
+def test_unset_options_take_the_models_defaults_and_set_ones_win():
+    defaults = SamplingParams(temperature=0.7, top_k=40, top_p=0.9, repetition_penalty=1.2, min_new_tokens=2,
+                              length_penalty=0.6, num_beams=1, early_stopping=True)
+    got = sampling_params(pb.DecodingOptions(), LIMITS, defaults)
+    assert (got.temperature, got.top_k, got.top_p, got.repetition_penalty, got.min_new_tokens, got.length_penalty,
+            got.early_stopping) == (0.7, 40, pytest.approx(0.9), 1.2, 2, 0.6, True)
+    assert got.max_new_tokens == LIMITS.default_max_new_tokens and got.seed is None
+    greedy = sampling_params(pb.DecodingOptions(temperature=0, top_k=0, min_new_tokens=0, early_stopping=False),
+                             LIMITS, defaults)
+    assert (greedy.temperature, greedy.top_k, greedy.min_new_tokens, greedy.early_stopping) == (0.0, 0, 0, False)
+    assert sampling_params(pb.DecodingOptions(), LIMITS) == SamplingParams(max_new_tokens=16, seed=None)
+
+
+def test_a_huge_length_penalty_is_invalid_argument_and_the_ranges_are_in_model_info(served, heldout):
+    for options in (dict(num_beams=2, length_penalty=1000), dict(return_logprobs=True, length_penalty=1e30)):
+        with pytest.raises(grpc.RpcError) as err:
+            served.stub.Generate(request(heldout[0][0], **options), timeout=30)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert err.value.details().startswith("options.length_penalty must be finite and in [-10, 10], got 1")
+    info = served.stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=10)
+    ranges = {k: (r.min, r.max, r.min_exclusive) for k, r in info.option_ranges.items()}
+    assert ranges == {"temperature": (0, 100, False), "top_p": (0, 1, True), "repetition_penalty": (0, 100, True),
+                      "length_penalty": (-10, 10, False)}
+    for lp in (-10.0, 10.0):  # the extremes serve
+        for options in (dict(num_beams=3), dict(return_logprobs=True)):
+            r = served.stub.Generate(request(heldout[0][0], length_penalty=lp, **options), timeout=30)
+            assert r.sequences[0].HasField("score") and math.isfinite(r.sequences[0].score)
+
+
+def test_model_info_config_values_are_typed(served):
+    info = served.stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=10)
+    kinds = {k: v.WhichOneof("kind") for k, v in info.config.items()}
+    assert kinds["d_model"] == kinds["vocab_size"] == kinds["eos_id"] == "int_value"
+    assert kinds["dropout"] == "double_value" and kinds["norm_first"] == "bool_value"
+    manifest = served.app.runner.manifest.model
+    with Client(served.address) as client:
+        config = client.model_info()["config"]
+    assert config == manifest and all(type(config[k]) is type(v) for k, v in manifest.items())
