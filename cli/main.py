@@ -29,6 +29,9 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from seqserve.server import signals
+
+    signals.hold()  # before the slow imports: a SIGTERM from now on stops the server cleanly (exit 0)
     from seqserve.server import settings
     from seqserve.server.app import run
 

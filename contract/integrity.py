@@ -11,7 +11,7 @@ from pathlib import Path
 from tokenizers import Tokenizer
 
 from seqserve.contract import names
-from seqserve.contract.manifest import MANIFEST, BundleError, Manifest, check_session_io, load_manifest
+from seqserve.contract.manifest import MANIFEST, BundleError, Manifest, check_session_io, load_error, load_manifest
 from seqserve.contract.tokenizer import load_tokenizer, special_ids
 
 
@@ -46,18 +46,20 @@ def checked_tokenizer(directory: Path, manifest: Manifest) -> Tokenizer:
 
 
 def check_graphs(directory: Path, manifest: Manifest, variant: str) -> None:
-    """Loads each graph of the variant on the CPU provider and checks it against the manifest."""
+    """Loads every graph the variant lists (the in-place decoder too) on the CPU provider and checks it against the
+    manifest."""
     import onnxruntime as ort  # only here: loading a manifest needs no onnxruntime
 
     options = ort.SessionOptions()
     options.intra_op_num_threads = 1
     options.log_severity_level = 4  # the probes' expected failures are reported by us, not as ORT error lines
     for graph, entry in manifest.variants[variant].items():
-        if graph not in manifest.io or not isinstance(entry, dict) or graph not in names.GRAPHS:
-            continue  # quality, or a graph kind this check does not know
+        if graph not in names.ALL_GRAPHS:
+            continue  # quality
         path = Path(directory) / entry["file"]
         try:
             session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
         except Exception as exc:
-            raise BundleError(f"{path}: onnxruntime cannot load it: {str(exc).splitlines()[0][:200]}") from None
+            raise load_error(path, f"variants.{variant}.{graph}", exc) from None
         check_session_io(path, session, graph, manifest)
+

@@ -18,6 +18,10 @@ MANIFEST = "manifest.json"
 DIGEST = "bundle.sha256"  # `<sha256 of manifest.json>  manifest.json`, as sha256sum writes it (sha256sum -c works)
 TOKENIZER = "tokenizer.json"
 VARIANTS = ("fp32", "int8", "fp16")
+# Bounds checked before anything is parsed: a real manifest is a few KiB and a few levels deep, a digest file one line.
+MAX_MANIFEST_BYTES = 1 << 20
+MAX_MANIFEST_DEPTH = 32
+MAX_DIGEST_BYTES = 4096
 
 
 log = logging.getLogger(__name__)
@@ -91,24 +95,48 @@ def load_manifest(directory: str | Path, check_files: bool = True) -> Manifest:
     path = directory / MANIFEST
     if not path.is_file():
         raise BundleError(f"{path}: missing (is {directory} a seqserve bundle?)")
+    size = path.stat().st_size
+    if size > MAX_MANIFEST_BYTES:  # before reading it: a huge manifest must not cost its size several times over
+        raise BundleError(f"{path}: {size} bytes, more than a manifest may have ({MAX_MANIFEST_BYTES})")
     raw = path.read_bytes()
     check_digest(directory, raw)
     try:
         data = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise BundleError(f"{path}: not valid JSON: {exc}") from exc
+        raise BundleError(f"{path}: not valid JSON: {exc}") from None
+    except RecursionError:
+        raise BundleError(f"{path}: nested more than {MAX_MANIFEST_DEPTH} levels deep") from None
+    if _depth(data) > MAX_MANIFEST_DEPTH:
+        raise BundleError(f"{path}: nested more than {MAX_MANIFEST_DEPTH} levels deep")
     _check_schema(path, data)
     manifest = Manifest(**data)
     # encoder and decoder always; an optional graph (decoder_inplace) only in bundles that have it
     expected = {g: io for g, io in expected_io(manifest.n_layers).items() if g in names.GRAPHS or g in manifest.io}
     if manifest.io != expected:
         raise BundleError(f"{path}: graph input/output names differ from this seqserve's contract (export/names.py)")
+    for variant, files in manifest.variants.items():
+        for graph in files:
+            if graph in names.ALL_GRAPHS and graph not in manifest.io:
+                raise BundleError(f"{path}: variants.{variant}.{graph} is listed but io.{graph} is missing")
     if "fp32" not in manifest.variants:
         raise BundleError(f"{path}: no fp32 variant")
     if check_files:
         for entry in listed_files(manifest):
             check_file(directory, entry)
     return manifest
+
+
+def _depth(data) -> int:
+    """How deeply lists and objects nest, up to one level past the limit (iteratively: the schema checker and
+    json.dumps recurse)."""
+    deepest, todo = 0, [(data, 1)]
+    while todo:
+        node, depth = todo.pop()
+        if isinstance(node, (dict, list)):
+            deepest = max(deepest, depth)
+            if depth <= MAX_MANIFEST_DEPTH:  # deeper is refused anyway: no need to walk further
+                todo += [(child, depth + 1) for child in (node.values() if isinstance(node, dict) else node)]
+    return deepest
 
 
 def _check_schema(path: Path, data) -> None:
@@ -142,7 +170,16 @@ def check_digest(directory: Path, manifest_bytes: bytes) -> None:
             log.warning("%s: no %s, so %s is covered by no digest; re-export the bundle to add one", directory,
                         DIGEST, MANIFEST)
         return
-    recorded = path.read_text().split(maxsplit=1)[0] if path.read_text().strip() else ""
+    with open(path, "rb") as f:
+        blob = f.read(MAX_DIGEST_BYTES + 1)
+    if len(blob) > MAX_DIGEST_BYTES:
+        raise BundleError(f"{path}: more than {MAX_DIGEST_BYTES} bytes; it holds one line, `<sha256>  {MANIFEST}`")
+    try:
+        text = blob.decode("ascii")
+    except UnicodeDecodeError as exc:
+        raise BundleError(f"{path}: not text (byte {exc.start} is not ASCII); it holds one line, "
+                          f"`<sha256>  {MANIFEST}`") from None
+    recorded = text.split(maxsplit=1)[0] if text.strip() else ""
     actual = hashlib.sha256(manifest_bytes).hexdigest()
     if recorded != actual:
         raise IntegrityError(f"{Path(directory) / MANIFEST}: sha256 {actual[:12]}... does not match {DIGEST} "
@@ -178,3 +215,12 @@ def check_session_io(path: Path, session, graph: str, manifest: Manifest) -> Non
         graph_check.check_graph(session, graph, manifest)
     except graph_check.GraphMismatch as exc:
         raise BundleError(f"{path}: {exc} ({MANIFEST})") from None
+
+
+def load_error(path: Path, field: str, exc: Exception) -> BundleError:
+    """onnxruntime could not load a listed graph: the file and its manifest field, and onnxruntime's first line."""
+    lines = str(exc).split("Status Message:")[-1].strip().splitlines()
+    reason = lines[0][:200] if lines else "no reason given"
+    if isinstance(exc, UnicodeDecodeError):  # onnxruntime's message quoted bytes of the corrupted file
+        reason = "its error message is not valid UTF-8 (the file is corrupted)"
+    return BundleError(f"{path}: onnxruntime cannot load it ({field} in {MANIFEST}): {reason}")

@@ -29,14 +29,17 @@ class Anything:
 
 
 class Int:
-    def __init__(self, min: int | None = None) -> None:
-        self.min = min
+    def __init__(self, min: int | None = None, max: int | None = None) -> None:
+        self.min, self.max = min, max
 
     def check(self, value, where: str) -> None:
         if isinstance(value, bool) or not isinstance(value, int):
             _fail(where, "an integer", value)
         if self.min is not None and value < self.min:
             raise SchemaError(f"{where} must be >= {self.min}, got {value}")
+        if self.max is not None and value > self.max:
+            shown = value if len(str(value)) <= 24 else f"a {len(str(value))}-digit number"
+            raise SchemaError(f"{where} must be <= {self.max}, got {shown}")
 
 
 class Str:
@@ -122,13 +125,22 @@ class Map:
             self.value.check(v, f"{where}.{name}")
 
 
-POSITIVE, ID = Int(min=1), Int(min=0)
+# Upper bounds keep every size derived from the config (positional probes, cache shapes, request limits) allocatable;
+# each is far above any encoder-decoder model served here. New optional config fields get their own bounds.
+MAX_POSITIONS = 1 << 16
+MAX_VOCAB = 1 << 22
+MAX_WIDTH = 1 << 16  # d_model
+MAX_FF = 1 << 18  # d_ff
+MAX_HEADS = MAX_LAYERS = 1024
+MAX_FILE_BYTES = 1 << 40
+ID = Int(min=0, max=MAX_VOCAB - 1)
 SHA256 = Str(r"[0-9a-f]{64}", "64 lowercase hex digits (a sha256)")
 # A listed file; further keys describe the graph it holds (e.g. its KV-cache kind), so they are allowed.
-FILE_ENTRY = Obj({"file": RelPath(), "sha256": SHA256, "bytes": Int(min=0)}, extra=Anything())
+FILE_ENTRY = Obj({"file": RelPath(), "sha256": SHA256, "bytes": Int(min=0, max=MAX_FILE_BYTES)}, extra=Anything())
 SPECIAL_IDS = ("pad_id", "bos_id", "eos_id", "unk_id")
-MODEL = Obj({"vocab_size": POSITIVE, "d_model": POSITIVE, "n_heads": POSITIVE, "n_encoder_layers": POSITIVE,
-             "n_decoder_layers": POSITIVE, "d_ff": POSITIVE, "max_positions": POSITIVE},
+MODEL = Obj({"vocab_size": Int(1, MAX_VOCAB), "d_model": Int(1, MAX_WIDTH), "n_heads": Int(1, MAX_HEADS),
+             "n_encoder_layers": Int(1, MAX_LAYERS), "n_decoder_layers": Int(1, MAX_LAYERS), "d_ff": Int(1, MAX_FF),
+             "max_positions": Int(1, MAX_POSITIONS)},
             optional={name: ID for name in SPECIAL_IDS}, extra=Anything())  # other ModelConfig fields pass through
 # Every graph of a variant is a file entry: encoder and decoder always, optional graphs (decoder_inplace) beside them.
 VARIANT = Obj({"encoder": FILE_ENTRY, "decoder": FILE_ENTRY}, optional={"quality": Obj(extra=Anything())},
@@ -140,8 +152,8 @@ def manifest_schema(variants: tuple[str, ...]) -> Obj:
     """The top level (fields the Manifest dataclass has beyond these are checked by the caller)."""
     return Obj({"format": Str(), "format_version": Int(), "model": MODEL,
                 "special_tokens": Obj({name: ID for name in SPECIAL_IDS}), "tokenizer": FILE_ENTRY, "io": IO,
-                "variants": Map(VARIANT, keys=variants, needs=("fp32",)), "opset": POSITIVE, "ir_version": POSITIVE,
-                "max_new_tokens": POSITIVE},
+                "variants": Map(VARIANT, keys=variants, needs=("fp32",)), "opset": Int(1, 1000), "ir_version": Int(1, 1000),
+                "max_new_tokens": Int(1, MAX_POSITIONS)},
                optional={"heldout": Nullable(FILE_ENTRY), "training": Obj(extra=Anything()),
                          "versions": Obj(extra=Anything())}, extra=Anything())
 

@@ -10,20 +10,22 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import signal
 import time
 
 import grpc
 import onnxruntime as ort
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from grpc_health.v1._async import HealthServicer
-from grpc_reflection.v1alpha import reflection
+from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
 
 from seqserve.contract.integrity import check_graphs, open_bundle
+from seqserve.server import signals
 from seqserve.server.auth import TokenAuth
 from seqserve.server.device import RuntimeConfig
 from seqserve.server.engine import Engine
+from seqserve.server.handlers import add_refusing
+from seqserve.server.health import Health
 from seqserve.server.metrics import Metrics
+from seqserve.server.metrics_http import MetricsEndpoint
 from seqserve.server.request import Request, SamplingParams
 from seqserve.server.runner import Runner
 from seqserve.server.scheduler import Scheduler, SchedulerConfig
@@ -45,7 +47,7 @@ class App:
         self.settings = settings
         self.metrics = metrics or Metrics()
         self.service = GenerationService(self.metrics)
-        self.health = HealthServicer()
+        self.health = Health(settings.max_health_watches, self.metrics)
         self.server: grpc.aio.Server | None = None
         self.runner: Runner | None = None
         self.engine: Engine | None = None
@@ -56,7 +58,7 @@ class App:
         """Listens at once (health NOT_SERVING), then loads and warms up in a thread, then SERVING."""
         await self._listen()
         try:
-            self._serve_metrics()
+            await self._serve_metrics()
             runner, tokenizer, limits, engine = await asyncio.to_thread(self._load)
             self.runner, self.engine = runner, engine
             self.service.open(engine, tokenizer, limits, self._model_info(runner))
@@ -72,15 +74,20 @@ class App:
         s = self.settings
         tokens = s.tokens()
         interceptors = [TokenAuth(tokens, self.metrics, SERVICE_NAME, s.auth_exempt_health)] if tokens else []
-        # so_reuseport off: a second server on a taken port must fail, not silently share it.
+        # so_reuseport off: a second server on a taken port must fail, not silently share it. gRPC core keeps calls
+        # the event loop has not taken yet; past its soft limit (default 1,000) it drops some at random and past
+        # its hard limit (3,000) all, CANCELLED and unseen by the service: one limit for both, max_pending_calls.
         self.server = grpc.aio.server(interceptors=interceptors, options=[
-            ("grpc.so_reuseport", 0), ("grpc.max_receive_message_length", s.max_receive_message_bytes)])
+            ("grpc.so_reuseport", 0), ("grpc.max_receive_message_length", s.max_receive_message_bytes),
+            ("grpc.server.max_pending_requests", s.max_pending_calls),
+            ("grpc.server.max_pending_requests_hard_limit", s.max_pending_calls)])
         self.service.add_to(self.server)
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        # health and reflection are grpcio's servicers, registered with decoders that never raise (handlers.py)
+        add_refusing(health_pb2_grpc.add_HealthServicer_to_server, self.health, self.server)
         if s.reflection:
-            reflection.enable_server_reflection(
-                (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
-                self.server)
+            names = (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME)
+            add_refusing(reflection_pb2_grpc.add_ServerReflectionServicer_to_server,
+                         reflection.aio.ReflectionServicer(names), self.server)
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         address = f"{s.bind}:{s.port}"
         try:
@@ -97,16 +104,18 @@ class App:
             log.warning("bearer tokens travel in plaintext: %s is reachable from other machines without TLS "
                         "(--tls-cert-file)", address)
 
-    def _serve_metrics(self) -> None:
+    async def _serve_metrics(self) -> None:
         if self.settings.metrics_port < 0:
             return
+        self._http = MetricsEndpoint(self.metrics.registry)
         try:
-            self._http, _ = self.metrics.serve_http(self.settings.metrics_port, addr=self.settings.metrics_bind)
+            await self._http.start(self.settings.metrics_bind, self.settings.metrics_port)
         except OSError as exc:
+            self._http = None
             raise SettingsError(f"cannot serve metrics on {self.settings.metrics_bind}:{self.settings.metrics_port} "
                                 f"(--metrics-bind / {env_name('metrics_bind')}, --metrics-port / "
                                 f"{env_name('metrics_port')}): {exc}") from exc
-        self.metrics_port = self._http.server_port
+        self.metrics_port = self._http.port
 
     def _load(self):
         """Runs in a worker thread: onnxruntime sessions, tokenizer, engine, one warm-up generation."""
@@ -183,16 +192,18 @@ class App:
         if self.engine is not None:
             await asyncio.to_thread(self.engine.stop)
         if self._http is not None:
-            self._http.shutdown()
-            self._http.server_close()
+            await self._http.close()
             self._http = None
 
 
 async def _serve(settings: Settings) -> int:
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    for sig in signals.SIGNALS:
         loop.add_signal_handler(sig, stop.set)
+    if signals.received():  # during start-up, before these handlers (signals.hold): nothing to drain yet
+        log.info("stopped before serving: a signal arrived while starting")
+        return 0
     app = App(settings)
     await app.start()
     await stop.wait()

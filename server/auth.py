@@ -1,6 +1,7 @@
 """Bearer-token authentication: a grpc.aio server interceptor that refuses calls without an accepted token.
 
-A call carries `authorization: Bearer <token>` metadata. Tokens are compared as SHA-256 digests with
+A call carries `authorization: Bearer <token>` metadata (the scheme in any case, as RFC 7235 has it; whitespace
+around the token is stripped). Tokens are compared as SHA-256 digests with
 hmac.compare_digest against every accepted token (no early exit), so neither the content nor the length of an
 accepted token leaks through timing. Refused calls get UNAUTHENTICATED before their request is even decoded.
 """
@@ -35,9 +36,12 @@ class TokenAuth(grpc.aio.ServerInterceptor):
 
     def accepts(self, metadata) -> bool:
         presented = next((v for k, v in metadata or () if k == AUTHORIZATION), None)
-        if not isinstance(presented, str) or not presented.startswith(BEARER):
+        if not isinstance(presented, str):
             return False
-        digest, ok = _digest(presented[len(BEARER):].strip()), False
+        scheme, _, token = presented.strip().partition(" ")
+        if scheme.lower() != BEARER.strip().lower():  # auth schemes are case-insensitive (RFC 7235)
+            return False
+        digest, ok = _digest(token.strip()), False
         for accepted in self._digests:
             ok |= hmac.compare_digest(digest, accepted)
         return ok

@@ -79,8 +79,9 @@ class Device:
         if actual != self.provider:  # CUDA listed by onnxruntime-gpu, but its libraries or GPU are missing
             if self.cfg.device == "cuda":
                 raise RuntimeError(f"--device cuda: onnxruntime could not create {CUDA} (got {actual})")
-            log.warning("%s unavailable, falling back to %s (--device cuda prints onnxruntime's reason)",
-                        self.provider, actual)
+            # expected under auto on a machine without a GPU (onnxruntime-gpu lists CUDA anyway): not a warning
+            log.info("%s unavailable (no GPU or CUDA libraries; --device cuda prints onnxruntime's reason): using %s",
+                     self.provider, actual)
             self.provider, self.ort_device = actual, "cpu"
         return session
 

@@ -4,12 +4,7 @@ Each server owns its registry, so several servers in one process (the tests) nev
 """
 from __future__ import annotations
 
-import socket
-import threading
-from http.server import ThreadingHTTPServer
-
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
-from prometheus_client.exposition import MetricsHandler
 
 # Latency buckets in seconds, fine around milliseconds where a decoder step lives.
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -47,32 +42,3 @@ class Metrics:
         self.model = Info("seqserve_model", "The loaded bundle and where it runs", registry=r)
         self.inflight_bytes = Gauge("seqserve_inflight_request_bytes", "Request payload bytes held by calls in flight",
                                     registry=r)
-
-    def serve_http(self, port: int, addr: str = "127.0.0.1"):
-        """Starts the /metrics endpoint on its own address and port; returns (server, thread) for shutdown.
-
-        Only the path /metrics answers (any query string); every other path gets 404."""
-        handler = type("Handler", (_MetricsOnly,), {"registry": self.registry})
-        server_class = _IPv6Server if ":" in addr else ThreadingHTTPServer
-        server = server_class((addr, port), handler)
-        thread = threading.Thread(target=server.serve_forever, name="seqserve-metrics", daemon=True)
-        thread.start()
-        return server, thread
-
-
-METRICS_PATH = "/metrics"
-
-
-class _MetricsOnly(MetricsHandler):
-    def do_GET(self) -> None:
-        if self.path.split("?", 1)[0] != METRICS_PATH:
-            self.send_error(404, f"only {METRICS_PATH} is served here")
-            return
-        super().do_GET()
-
-    def log_message(self, format, *args) -> None:  # a scrape every few seconds must not fill the log
-        pass
-
-
-class _IPv6Server(ThreadingHTTPServer):
-    address_family = socket.AF_INET6

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from seqserve.contract import names
-from seqserve.contract.manifest import Manifest, check_session_io, load_manifest
+from seqserve.contract.manifest import Manifest, check_session_io, load_error, load_manifest
 from seqserve.server.device import Device, RuntimeConfig
 from seqserve.server.inplace_cache import InPlaceCache
 from seqserve.server.kv_cache import ConcatCache
@@ -61,7 +61,12 @@ class Runner:
 
     def _session(self, file: str, graph: str):
         path = self.bundle / file
-        session = self.device.session(path)
+        try:
+            session = self.device.session(path)
+        except Exception as exc:  # a corrupted graph: onnxruntime's error types, or a UnicodeDecodeError
+            if isinstance(exc, RuntimeError) and str(exc).startswith("--device"):  # our own, already clear
+                raise
+            raise load_error(path, f"variants.{self.variant}.{graph}", exc) from None
         check_session_io(path, session, graph, self.manifest)
         return session
 

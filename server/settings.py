@@ -47,12 +47,16 @@ class Settings:
     tls_key_file: Path | None = _opt(None, "PEM private key of --tls-cert-file", type=Path)
     tls_client_ca_file: Path | None = _opt(None, "PEM CA certificates: mutual TLS, every client must present a "
                                                  "certificate they signed (needs --tls-cert-file)", type=Path)
-    auth_token_file: Path | None = _opt(None, "file of accepted bearer tokens, one per line (# comments): calls "
-                                              "without one get UNAUTHENTICATED", type=Path)
-    auth_tokens: str | None = _opt(None, "accepted bearer tokens, comma-separated; set the variable rather than the "
-                                         "flag, which other users can read in the process list", repr=False)
+    auth_token_file: Path | None = _opt(None, "file of accepted bearer tokens, one per line (# comments; "
+                                              "surrounding whitespace is stripped): calls without one get "
+                                              "UNAUTHENTICATED", type=Path)
+    auth_tokens: str | None = _opt(None, "accepted bearer tokens, comma-separated (surrounding whitespace is "
+                                         "stripped); set the variable rather than the flag, which other users can "
+                                         "read in the process list", repr=False)
     auth_exempt_health: bool = _opt(True, "health checks answer without a token (probes and load balancers)",
                                     type=bool)
+    max_health_watches: int = _opt(256, "health Watch streams open at once (they need no token by default); more "
+                                        "get RESOURCE_EXHAUSTED", type=int)
     reflection: bool = _opt(True, "serve gRPC reflection (grpcurl list/describe); needs a token when auth is on",
                             type=bool)
     variant: str = _opt("fp32", "precision variant of the bundle to serve", choices=VARIANTS)
@@ -91,6 +95,10 @@ class Settings:
     max_inflight_bytes: int = _opt(32 * MiB, "request payload bytes held by all calls in flight, queued or running "
                                              "(a running row keeps its request too); a call beyond it gets "
                                              "RESOURCE_EXHAUSTED", type=int)
+    max_pending_calls: int = _opt(10_000, "calls gRPC may hold before the event loop takes them (a burst arrives "
+                                          "faster than it is taken); each then gets the service's answer, e.g. "
+                                          "RESOURCE_EXHAUSTED when the queue is full. Beyond it gRPC itself ends "
+                                          "calls CANCELLED, uncounted", type=int)
     max_batch_inputs: int = _opt(64, "most inputs in one GenerateBatch call", type=int)
     max_num_beams: int = _opt(8, "largest num_beams a request may ask; each beam is a row of the running batch, "
                                  "so the cap is also at most --max-batch-size", type=int)
@@ -114,7 +122,7 @@ class Settings:
                              ("max_kv_tokens", 1, None), ("encode_batch", 1, None), ("stream_interval", 1, None),
                              ("max_encoded_bytes", 0, None), ("max_input_tokens", 1, None), ("max_new_tokens", 1, None),
                              ("default_max_new_tokens", 1, None), ("max_stop_strings", 0, None),
-                             ("max_batch_inputs", 1, None), ("max_num_beams", 1, None), ("max_top_logprobs", 0, None),
+                             ("max_batch_inputs", 1, None), ("max_num_beams", 1, None), ("max_health_watches", 0, None), ("max_pending_calls", 1, None), ("max_top_logprobs", 0, None),
                              ("grace_seconds", 0, None),
                              ("max_stop_string_bytes", 1, None), ("max_stop_bytes", 1, None),
                              ("max_receive_message_bytes", 1024, None), ("max_inflight_bytes", 1024, None)):
@@ -150,6 +158,9 @@ class Settings:
     def tokens(self) -> frozenset[str]:
         """The accepted bearer tokens (empty: authentication is off), from the file and the variable together."""
         tokens = [t.strip() for t in (self.auth_tokens or "").split(",") if t.strip()]
+        if self.auth_tokens and not tokens:  # " " or "," must not quietly turn authentication off
+            raise SettingsError(f"{_names('auth_tokens')} holds no token (only commas or whitespace); unset it to "
+                                "turn authentication off")
         path = self.auth_token_file
         if path is not None and Path(path).is_file():
             lines = [line.strip() for line in Path(path).read_text().splitlines()]

@@ -98,6 +98,19 @@ def test_graph_whose_io_differs_from_the_manifest_is_refused(bundle_copy):
         Runner(bundle_copy, CPU, kv_cache="concat")  # the runner that loads decoder.onnx
 
 
+def test_a_graph_onnxruntime_cannot_load_is_refused_naming_the_file_and_field(bundle_copy):
+    """The runner loads decoder_inplace.onnx itself: a corrupted one (its sha256 updated) is a BundleError, not
+    onnxruntime's InvalidProtobuf."""
+    path = bundle_copy / names.DECODER_INPLACE_FILE
+    path.write_bytes(path.read_bytes()[:1000])
+    data = json.loads((bundle_copy / MANIFEST).read_text())
+    data["variants"]["fp32"][names.DECODER_INPLACE]["sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()
+    write_signed(bundle_copy, data)
+    with pytest.raises(BundleError, match=r"decoder_inplace\.onnx: onnxruntime cannot load it "
+                                          r"\(variants\.fp32\.decoder_inplace in manifest\.json\)"):
+        Runner(bundle_copy, CPU, kv_cache="inplace")
+
+
 def test_verify_fails_on_a_tampered_bundle(bundle_copy, capsys):
     from seqserve.cli.main import main
 

@@ -53,6 +53,46 @@ def _eos_5(bundle: Path, data: dict) -> None:
     data["special_tokens"]["eos_id"] = data["model"]["eos_id"] = 5  # consistent, but not the tokenizer's </s>
 
 
+def _corrupt_graph(graph: str, old: bytes, new: bytes):
+    """Bytes of a graph replaced (same length), its sha256 updated: onnxruntime itself must refuse it."""
+    def edit(bundle: Path, data: dict) -> None:
+        path = bundle / data["variants"]["fp32"][graph]["file"]
+        blob = path.read_bytes()
+        assert old in blob, f"{old!r} not in {path.name}"
+        path.write_bytes(blob.replace(old, new))
+        _rehash(bundle, data["variants"]["fp32"][graph])
+    return edit
+
+
+def _truncate_graph(graph: str):
+    """Half of a graph (an interrupted copy), its sha256 updated."""
+    def edit(bundle: Path, data: dict) -> None:
+        path = bundle / data["variants"]["fp32"][graph]["file"]
+        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+        _rehash(bundle, data["variants"]["fp32"][graph])
+    return edit
+
+
+def _nested(depth: int):
+    """A manifest nested `depth` levels deep (raw text: json.dumps itself would recurse)."""
+    return lambda bundle, data: Raw(("[" * depth + "]" * depth).encode())
+
+
+def _padded(size: int):
+    """The real manifest, padded with whitespace (valid JSON) to `size` bytes."""
+    return lambda bundle, data: Raw(json.dumps(data).encode().ljust(size))
+
+
+def _digest_file(blob: bytes):
+    def edit(bundle: Path, data: dict) -> None:
+        data[DIGEST] = blob  # _bundle writes it after the manifest
+    return edit
+
+
+class Raw(bytes):
+    """manifest.json's exact bytes (the digest is computed over them)."""
+
+
 # (id, edit of the bundle copy and its manifest data (or a replacement), what the message must name): all exit 2.
 CASES = [
     ("manifest-is-a-list", lambda b, d: [], "manifest.json: must be a JSON object, got list"),
@@ -74,6 +114,23 @@ CASES = [
     ("max_new_tokens-beyond-positions", _set("max_new_tokens", 100), "max_new_tokens=100 exceeds model.max_positions"),
     ("unknown-field", _set("graphs", {}), "unknown field(s) ['graphs']"),
     ("bad-sha256", _set("tokenizer.sha256", "xyz"), "tokenizer.sha256 must be 64 lowercase hex digits"),
+    # issue 16, item 5: each crashed (a traceback) or said nothing useful
+    ("max_positions-1e12", _set("model.max_positions", 10**12),
+     "manifest.json: model.max_positions must be <= 65536, got 1000000000000"),
+    ("max_positions-1e30", _set("model.max_positions", 10**30),
+     "manifest.json: model.max_positions must be <= 65536, got a 31-digit number"),
+    ("vocab_size-1e30", _set("model.vocab_size", 10**30), "manifest.json: model.vocab_size must be <= 4194304"),
+    ("max_new_tokens-1e30", _set("max_new_tokens", 10**30), "manifest.json: max_new_tokens must be <= 65536"),
+    ("truncated-decoder-inplace", _truncate_graph("decoder_inplace"),
+     "decoder_inplace.onnx: onnxruntime cannot load it (variants.fp32.decoder_inplace in manifest.json)"),
+    ("graph-error-not-utf8", _corrupt_graph("decoder_inplace", b"GroupQueryAttention", b"GroupQueryAttenti\xffn"),
+     "decoder_inplace.onnx: onnxruntime cannot load it (variants.fp32.decoder_inplace in manifest.json): its error "
+     "message is not valid UTF-8 (the file is corrupted)"),
+    ("nested-100000-deep", _nested(100_000), "manifest.json: nested more than 32 levels deep"),
+    ("nested-100-deep", _nested(100), "manifest.json: nested more than 32 levels deep"),
+    ("digest-not-utf8", _digest_file(b"\xff\xfe\x00bad  manifest.json\n"), "bundle.sha256: not text (byte 0 is not ASCII)"),
+    ("digest-huge", _digest_file(b"0" * 10_000), "bundle.sha256: more than 4096 bytes"),
+    ("manifest-over-1MiB", _padded((1 << 20) + 1), "manifest.json: 1048577 bytes, more than a manifest may have"),
 ]
 
 
@@ -83,9 +140,12 @@ def _bundle(tiny_bundle: Path, tmp_path: Path, edit=None) -> Path:
     data = json.loads((out / MANIFEST).read_text())
     replaced = edit(out, data) if edit is not None else None
     data = data if replaced is None else replaced
-    text = json.dumps(data, indent=2)
-    (out / MANIFEST).write_text(text)
-    (out / DIGEST).write_text(f"{hashlib.sha256(text.encode()).hexdigest()}  {MANIFEST}\n")  # as export writes it
+    digest = data.pop(DIGEST, None) if isinstance(data, dict) else None
+    blob = data if isinstance(data, Raw) else json.dumps(data, indent=2).encode()
+    (out / MANIFEST).write_bytes(blob)
+    (out / DIGEST).write_text(f"{hashlib.sha256(blob).hexdigest()}  {MANIFEST}\n")  # as export writes it
+    if digest is not None:
+        (out / DIGEST).write_bytes(digest)
     return out
 
 

@@ -1,6 +1,8 @@
 """Execution providers and runtime settings: what `--device` and the thread flags do to the real sessions."""
 from __future__ import annotations
 
+import logging
+
 import onnxruntime as ort
 import pytest
 
@@ -13,6 +15,17 @@ def test_auto_runs_on_the_provider_it_reports(tiny_bundle):
     assert runner.provider in (CPU, CUDA)  # CUDA on a GPU machine, the CPU fallback elsewhere
     assert runner.encoder.get_providers()[0] == runner.decoder.get_providers()[0] == runner.provider
     assert runner.device.ort_device == ("cuda" if runner.provider == CUDA else "cpu")
+
+
+def test_auto_without_a_gpu_falls_back_at_info_and_names_the_provider_in_use(tiny_bundle, caplog):
+    """Issue 16, item 18: onnxruntime-gpu lists CUDA on every machine; under auto its absence is expected, not a
+    WARNING on every CPU start."""
+    with caplog.at_level(logging.DEBUG, logger="seqserve"):
+        runner = Runner(tiny_bundle, RuntimeConfig(device="auto"))
+    records = [r for r in caplog.records if r.name.startswith("seqserve")]
+    assert not [r.getMessage() for r in records if r.levelno >= logging.WARNING]
+    if runner.provider == CPU and CUDA in ort.get_available_providers():  # the fallback happened
+        assert any(r.levelno == logging.INFO and f"using {CPU}" in r.getMessage() for r in records), records
 
 
 def test_device_cuda_runs_on_cuda_or_refuses_naming_the_flag(tiny_bundle):

@@ -177,3 +177,32 @@ def test_undecodable_requests_are_invalid_argument_counted_and_logged_once(fuzz_
     assert fuzz_server.metric("seqserve_rejected_requests_total", reason="undecodable") == undecodable + 3
     lines = [r for r in caplog.records if "cannot be decoded" in r.getMessage()]
     assert len(lines) == 3 and not any(r.exc_info for r in caplog.records)  # one line each, no traceback
+
+
+HEALTH, REFLECTION = "/grpc.health.v1.Health/", "/grpc.reflection.v1alpha.ServerReflection/"
+
+
+def test_undecodable_health_and_reflection_requests_are_invalid_argument_and_logged_once(fuzz_server, caplog):
+    """Issue 16, item 6: health (open without a token) and reflection answered junk UNKNOWN, with a traceback in the
+    log on every call; now as the Generation service answers it."""
+    channel, junk = fuzz_server.channel, b"\xff\xff\xff\xff"
+    caplog.clear()
+    calls = {"Check": lambda: channel.unary_unary(HEALTH + "Check")(junk, timeout=10),
+             "Watch": lambda: list(channel.unary_stream(HEALTH + "Watch")(junk, timeout=10)),
+             "List": lambda: channel.unary_unary(HEALTH + "List")(junk, timeout=10),
+             "ServerReflectionInfo": lambda: list(channel.stream_stream(REFLECTION + "ServerReflectionInfo")(
+                 iter([junk]), timeout=10))}
+    for method, call in calls.items():
+        with pytest.raises(grpc.RpcError) as info:
+            call()
+        assert info.value.code() == Code.INVALID_ARGUMENT, method
+        assert info.value.details().startswith(f"the request is not a valid {method} message: "), method
+        assert "Error" not in info.value.details() and "<" not in info.value.details()  # no class names
+    lines = [r for r in caplog.records if "cannot be decoded" in r.getMessage()]
+    assert len(lines) == len(calls) and all(r.levelname == "WARNING" for r in lines)
+    assert not any(r.exc_info for r in caplog.records) and not any(r.levelno >= 40 for r in caplog.records)
+    stub = health_pb2_grpc.HealthStub(channel)
+    assert stub.Check(health_pb2.HealthCheckRequest(), timeout=10).status == health_pb2.HealthCheckResponse.SERVING
+    listed = stub.List(health_pb2.HealthListRequest(), timeout=10).statuses  # implemented, not UNKNOWN
+    assert {name: r.status for name, r in listed.items()} == {"": health_pb2.HealthCheckResponse.SERVING,
+                                                             "seqserve.v1.Generation": health_pb2.HealthCheckResponse.SERVING}

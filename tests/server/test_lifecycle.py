@@ -162,6 +162,42 @@ def test_signal_drains_in_flight_calls_and_exits_0(tiny_bundle, heldout, sig):
             proc.kill()
 
 
+# Holds `seqserve serve` in its start-up, before the event loop exists (where the slow imports are), until the test
+# has sent its signal and touched the file named by argv[1].
+EARLY_SIGNAL_SERVE = """
+import os, sys, time
+import seqserve.server.settings as settings
+load = settings.load
+def held_load(*args, **kwargs):
+    print("starting up", file=sys.stderr, flush=True)
+    while not os.path.exists(sys.argv[1]):
+        time.sleep(0.01)
+    return load(*args, **kwargs)
+settings.load = held_load
+from seqserve.cli.main import main
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+def test_a_signal_during_start_up_exits_0(tiny_bundle, tmp_path):
+    """Issue 16, item 11: a SIGTERM 0.3 s after start (while onnxruntime and grpc were still importing) ended the
+    process with -15, before the handlers were installed."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SEQSERVE_")}
+    sent = tmp_path / "signal-sent"
+    proc = subprocess.Popen([sys.executable, "-c", EARLY_SIGNAL_SERVE, str(sent), "serve", "--bundle", str(tiny_bundle),
+                             "--port", "0", "--metrics-port", "-1", "--device", "cpu"], cwd=REPO, env=env,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stderr.readline() == "starting up\n"
+        proc.send_signal(signal.SIGTERM)
+        sent.touch()
+        assert proc.wait(60) == 0, proc.stderr.read()
+        assert "stopped before serving" in proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
 def test_importing_the_server_does_not_import_torch():
     code = ("import sys, seqserve.server.app, seqserve.server.service, seqserve.server.engine, seqserve.cli.main\n"
             "import seqserve.server.client, seqserve.server.settings\n"

@@ -3,8 +3,10 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
+import threading
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -12,7 +14,7 @@ from pathlib import Path
 import grpc
 import pytest
 import trustme
-from grpc_harness import Served, request
+from grpc_harness import Served, request, wait_for
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 
@@ -142,6 +144,11 @@ def test_right_tokens_from_the_file_and_the_variable_pass(auth_server, heldout, 
             assert client.model_info()["limits"]["max_inflight_bytes"] > 0
     assert _code(auth_server.stub.Generate, request(src), timeout=10) == Code.UNAUTHENTICATED
     assert auth_server.metric("seqserve_requests_total", method="Generate", code="UNAUTHENTICATED") == before + 1
+    for header in (f"bearer {TOKEN}", f"BEARER  {TOKEN} ", f"  Bearer {OTHER_TOKEN}"):  # RFC 7235: any case
+        assert auth_server.stub.Generate(request(src), metadata=(("authorization", header),), timeout=30).text == tgt
+    for header in (f"Basic {TOKEN}", f"Bearer{TOKEN}", TOKEN):
+        assert _code(auth_server.stub.Generate, request(src), metadata=(("authorization", header),),
+                     timeout=10) == Code.UNAUTHENTICATED
     token_file = tmp_path / "token"
     token_file.write_text(TOKEN + "\n")
     assert main(["generate", src, "--server", auth_server.address, "--token-file", str(token_file)]) == 0
@@ -182,7 +189,62 @@ def test_reflection_off_and_metrics_only_at_their_path(make_server):
         with pytest.raises(urllib.error.HTTPError) as err:
             urllib.request.urlopen(base + path, timeout=10)
         assert err.value.code == 404, path
-    assert s.app._http.server_address[0] == "127.0.0.1"
+    assert s.app._http.address[0] == "127.0.0.1"
+
+
+def test_health_watch_streams_are_bounded(make_server):
+    """Issue 16, item 11: Watch needs no token and stays open; 2,000 of them held 43 MiB. Beyond
+    max_health_watches a new one is RESOURCE_EXHAUSTED, and a closed one frees its place."""
+    s = make_server(max_health_watches=3, metrics_port=-1)
+    stub = health_pb2_grpc.HealthStub(s.channel)
+    watches = [stub.Watch(health_pb2.HealthCheckRequest(), timeout=60) for _ in range(3)]
+    assert [next(w).status for w in watches] == [health_pb2.HealthCheckResponse.SERVING] * 3  # all three open
+    extra = stub.Watch(health_pb2.HealthCheckRequest(), timeout=10)
+    with pytest.raises(grpc.RpcError) as info:
+        next(extra)
+    assert info.value.code() == Code.RESOURCE_EXHAUSTED and "max_health_watches=3" in info.value.details()
+    assert s.metric("seqserve_rejected_requests_total", reason="health_watches") == 1
+    assert stub.Check(health_pb2.HealthCheckRequest(), timeout=10).status == health_pb2.HealthCheckResponse.SERVING
+    watches.pop().cancel()
+    wait_for(lambda: s.app.health.watches == 2, what="the cancelled Watch to close")
+    again = stub.Watch(health_pb2.HealthCheckRequest(), timeout=60)
+    assert next(again).status == health_pb2.HealthCheckResponse.SERVING
+    for w in (*watches, again):
+        w.cancel()
+
+
+def test_metrics_endpoint_holds_no_thread_per_connection_and_answers_only_its_path(make_server, capfd, caplog):
+    """Issue 16, item 7: 1,000 half-sent requests held 1,000 threads and 26 MiB with no timeout, and logged 972
+    tracebacks when they closed; `//metrics` answered too."""
+    s = make_server(metrics_bind="127.0.0.1")
+    base, port = f"http://127.0.0.1:{s.app.metrics_port}", s.app.metrics_port
+    threads = threading.active_count()
+    half_sent = []
+    for _ in range(1000):
+        sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+        sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x")  # never finished
+        half_sent.append(sock)
+    # accepted in order: once this scrape is answered, every half-sent connection before it was accepted
+    assert "seqserve_requests_total" in urllib.request.urlopen(base + "/metrics", timeout=10).read().decode()
+    assert threading.active_count() <= threads + 1, threading.active_count() - threads
+    assert len(s.app._http.connections) <= 64  # the oldest ones were closed to make room
+    for sock in half_sent:
+        sock.close()
+    wait_for(lambda: not s.app._http.connections, what="the half-sent connections to close")
+    for path in ("//metrics", "/metrics/", "/./metrics", "/Metrics", "/metrics#x"):
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(base + path if "#" not in path else base + "/metrics%23x", timeout=10)
+        assert err.value.code == 404, path
+    raw = socket.create_connection(("127.0.0.1", port), timeout=10)
+    raw.sendall(b"\x16\x03\x01junk\r\n\r\n")  # not HTTP (a TLS hello, say)
+    assert raw.recv(100).startswith(b"HTTP/1.1 400")
+    raw.close()
+    request = urllib.request.Request(base + "/metrics", method="POST", data=b"x")
+    with pytest.raises(urllib.error.HTTPError) as err:
+        urllib.request.urlopen(request, timeout=10)
+    assert err.value.code == 405
+    assert "Traceback" not in capfd.readouterr().err
+    assert not [r for r in caplog.records if r.levelno >= 30 or r.exc_info]
 
 
 def test_a_message_over_the_receive_limit_is_resource_exhausted(make_server):

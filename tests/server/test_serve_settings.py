@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -45,6 +46,11 @@ def test_flags_beat_environment_beat_defaults(tiny_bundle):
     (("--tls-cert-file", "/nonexistent.pem", "--tls-key-file", __file__), {},
      "--tls-cert-file / SEQSERVE_TLS_CERT_FILE: no file at /nonexistent.pem"),
     ((), {"SEQSERVE_AUTH_TOKENS": "short,also-short"}, "2 bearer token(s) shorter than 16 characters"),
+    # blank token lists are refused like a blank token file, never read as "authentication off" (issue 16, item 4)
+    ((), {"SEQSERVE_AUTH_TOKENS": " "}, "--auth-tokens / SEQSERVE_AUTH_TOKENS holds no token"),
+    ((), {"SEQSERVE_AUTH_TOKENS": ","}, "--auth-tokens / SEQSERVE_AUTH_TOKENS holds no token"),
+    ((), {"SEQSERVE_AUTH_TOKENS": " , "}, "--auth-tokens / SEQSERVE_AUTH_TOKENS holds no token"),
+    (("--auth-tokens", " ,\t"), {}, "--auth-tokens / SEQSERVE_AUTH_TOKENS holds no token"),
     (("--auth-token-file", "/nonexistent"), {}, "--auth-token-file / SEQSERVE_AUTH_TOKEN_FILE: no file at"),
     (("--max-receive-message-bytes", "100"), {}, "--max-receive-message-bytes / SEQSERVE_MAX_RECEIVE_MESSAGE_BYTES "
                                                  "must be in [1024, inf]"),
@@ -68,6 +74,15 @@ def test_secure_by_default_and_secrets_stay_out_of_logs(tiny_bundle, tmp_path):
     empty.write_text("# nothing yet\n")
     with pytest.raises(st.SettingsError, match="holds no token"):
         st.Settings(bundle=tiny_bundle, auth_token_file=empty)
+
+
+def test_serve_exits_2_naming_the_variable_for_a_blank_token_list(tiny_bundle):
+    """A real process (it would serve without authentication, and never exit, if the blank list were accepted)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SEQSERVE_")} | {"SEQSERVE_AUTH_TOKENS": " , "}
+    done = subprocess.run([sys.executable, "-m", "seqserve.cli", "serve", "--bundle", str(tiny_bundle), "--port", "0",
+                           "--metrics-port", "-1", "--device", "cpu"], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 2 and "SEQSERVE_AUTH_TOKENS holds no token" in done.stderr, done.stderr
 
 
 def test_limits_default_to_the_bundle_and_refuse_more(tiny_bundle):
