@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 import numpy as np
 
 from seqserve.server import finish
-from seqserve.server.metrics import Metrics
+from seqserve.server.metrics import Metrics, ModelMetrics
 from seqserve.server.request import FinishReason, Request, RequestStatus
 from seqserve.server.runner import Runner
 from seqserve.server.scheduler import Plan, Scheduler
@@ -27,8 +27,10 @@ log = logging.getLogger("seqserve.server.engine")
 
 
 class Stepping:
-    def __init__(self, runner: Runner, scheduler: Scheduler, metrics: Metrics) -> None:
-        self.runner, self.scheduler, self.metrics = runner, scheduler, metrics
+    def __init__(self, runner: Runner, scheduler: Scheduler, metrics: Metrics | ModelMetrics) -> None:
+        self.runner, self.scheduler = runner, scheduler
+        # an offline engine (verify, bench) is given the whole Metrics: its model label is then ""
+        self.metrics = metrics if isinstance(metrics, ModelMetrics) else metrics.for_model("")
         self._sinks: set = set()  # sinks that got events this step: flushed once at its end
         self._ended_waiting: list[Request] = []  # waiting requests this engine ended (their encoder failed)
         self._ended: list[Request] = []  # running requests ended this step: the next schedule retires them

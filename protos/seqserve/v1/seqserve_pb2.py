@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1aseqserve/v1/seqserve.proto\x12\x0bseqserve.v1\"\xf9\x03\n\x0f\x44\x65\x63odingOptions\x12\x1b\n\x0emax_new_tokens\x18\x01 \x01(\rH\x00\x88\x01\x01\x12\x1b\n\x0emin_new_tokens\x18\x02 \x01(\rH\x01\x88\x01\x01\x12\x18\n\x0btemperature\x18\x03 \x01(\x02H\x02\x88\x01\x01\x12\x12\n\x05top_k\x18\x04 \x01(\x05H\x03\x88\x01\x01\x12\x12\n\x05top_p\x18\x05 \x01(\x02H\x04\x88\x01\x01\x12\x1f\n\x12repetition_penalty\x18\x06 \x01(\x02H\x05\x88\x01\x01\x12\x0c\n\x04stop\x18\x07 \x03(\t\x12\x11\n\x04seed\x18\x08 \x01(\x04H\x06\x88\x01\x01\x12\x11\n\tnum_beams\x18\t \x01(\r\x12\x1c\n\x14num_return_sequences\x18\n \x01(\r\x12\x1b\n\x0elength_penalty\x18\x0b \x01(\x02H\x07\x88\x01\x01\x12\x1b\n\x0e\x65\x61rly_stopping\x18\x0c \x01(\x08H\x08\x88\x01\x01\x12\x17\n\x0freturn_logprobs\x18\r \x01(\x08\x12\x14\n\x0ctop_logprobs\x18\x0e \x01(\rB\x11\n\x0f_max_new_tokensB\x11\n\x0f_min_new_tokensB\x0e\n\x0c_temperatureB\x08\n\x06_top_kB\x08\n\x06_top_pB\x15\n\x13_repetition_penaltyB\x07\n\x05_seedB\x11\n\x0f_length_penaltyB\x11\n\x0f_early_stopping\"O\n\x0fGenerateRequest\x12\r\n\x05input\x18\x01 \x01(\t\x12-\n\x07options\x18\x02 \x01(\x0b\x32\x1c.seqserve.v1.DecodingOptions\"/\n\nTopLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\"`\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12-\n\x0ctop_logprobs\x18\x03 \x03(\x0b\x32\x17.seqserve.v1.TopLogprob\"\xe0\x01\n\x08Sequence\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\x30\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x19.seqserve.v1.FinishReason\x12\x1f\n\x12\x63umulative_logprob\x18\x04 \x01(\x01H\x00\x88\x01\x01\x12\x12\n\x05score\x18\x05 \x01(\x01H\x01\x88\x01\x01\x12+\n\x08logprobs\x18\x06 \x03(\x0b\x32\x19.seqserve.v1.TokenLogprobB\x15\n\x13_cumulative_logprobB\x08\n\x06_score\"7\n\x05Usage\x12\x14\n\x0cinput_tokens\x18\x01 \x01(\r\x12\x18\n\x10generated_tokens\x18\x02 \x01(\r\"T\n\x07Timings\x12\x15\n\rqueue_seconds\x18\x01 \x01(\x01\x12\x1b\n\x13\x66irst_token_seconds\x18\x02 \x01(\x01\x12\x15\n\rtotal_seconds\x18\x03 \x01(\x01\"\xe7\x01\n\x10GenerateResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\x30\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x19.seqserve.v1.FinishReason\x12!\n\x05usage\x18\x04 \x01(\x0b\x32\x12.seqserve.v1.Usage\x12%\n\x07timings\x18\x05 \x01(\x0b\x32\x14.seqserve.v1.Timings\x12\x0c\n\x04seed\x18\x06 \x01(\x04\x12(\n\tsequences\x18\x07 \x03(\x0b\x32\x15.seqserve.v1.Sequence\"\xed\x01\n\x16GenerateStreamResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\x30\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x19.seqserve.v1.FinishReason\x12!\n\x05usage\x18\x04 \x01(\x0b\x32\x12.seqserve.v1.Usage\x12%\n\x07timings\x18\x05 \x01(\x0b\x32\x14.seqserve.v1.Timings\x12\x0c\n\x04seed\x18\x06 \x01(\x04\x12(\n\tsequences\x18\x07 \x03(\x0b\x32\x15.seqserve.v1.Sequence\"U\n\x14GenerateBatchRequest\x12\x0e\n\x06inputs\x18\x01 \x03(\t\x12-\n\x07options\x18\x02 \x01(\x0b\x32\x1c.seqserve.v1.DecodingOptions\"G\n\x15GenerateBatchResponse\x12.\n\x07results\x18\x01 \x03(\x0b\x32\x1d.seqserve.v1.GenerateResponse\"\x15\n\x13GetModelInfoRequest\"p\n\x0b\x43onfigValue\x12\x13\n\tint_value\x18\x01 \x01(\x03H\x00\x12\x16\n\x0c\x64ouble_value\x18\x02 \x01(\x01H\x00\x12\x14\n\nbool_value\x18\x03 \x01(\x08H\x00\x12\x16\n\x0cstring_value\x18\x04 \x01(\tH\x00\x42\x06\n\x04kind\"\x91\x04\n\tModelInfo\x12\x32\n\x06\x63onfig\x18\x08 \x03(\x0b\x32\".seqserve.v1.ModelInfo.ConfigEntry\x12\x1d\n\x15\x62undle_format_version\x18\x02 \x01(\r\x12\x0f\n\x07variant\x18\x03 \x01(\t\x12\x1a\n\x12\x65xecution_provider\x18\x04 \x01(\t\x12\x1b\n\x13onnxruntime_version\x18\x05 \x01(\t\x12#\n\x06limits\x18\x06 \x01(\x0b\x32\x13.seqserve.v1.Limits\x12\x34\n\x07quality\x18\x07 \x03(\x0b\x32#.seqserve.v1.ModelInfo.QualityEntry\x12?\n\roption_ranges\x18\t \x03(\x0b\x32(.seqserve.v1.ModelInfo.OptionRangesEntry\x1aG\n\x0b\x43onfigEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\'\n\x05value\x18\x02 \x01(\x0b\x32\x18.seqserve.v1.ConfigValue:\x02\x38\x01\x1a.\n\x0cQualityEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x1aL\n\x11OptionRangesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12&\n\x05value\x18\x02 \x01(\x0b\x32\x17.seqserve.v1.FloatRange:\x02\x38\x01J\x04\x08\x01\x10\x02\"\xe2\x02\n\x06Limits\x12\x18\n\x10max_input_tokens\x18\x01 \x01(\r\x12\x16\n\x0emax_new_tokens\x18\x02 \x01(\r\x12\x16\n\x0emax_batch_size\x18\x03 \x01(\r\x12\x13\n\x0bmax_waiting\x18\x04 \x01(\r\x12\x18\n\x10max_batch_inputs\x18\x05 \x01(\r\x12\x18\n\x10max_stop_strings\x18\x06 \x01(\r\x12\x1e\n\x16\x64\x65\x66\x61ult_max_new_tokens\x18\x07 \x01(\r\x12\x1d\n\x15max_stop_string_bytes\x18\x08 \x01(\r\x12\x16\n\x0emax_stop_bytes\x18\t \x01(\r\x12!\n\x19max_receive_message_bytes\x18\n \x01(\x04\x12\x1a\n\x12max_inflight_bytes\x18\x0b \x01(\x04\x12\x15\n\rmax_num_beams\x18\x0c \x01(\r\x12\x18\n\x10max_top_logprobs\x18\r \x01(\r\"=\n\nFloatRange\x12\x0b\n\x03min\x18\x01 \x01(\x01\x12\x0b\n\x03max\x18\x02 \x01(\x01\x12\x15\n\rmin_exclusive\x18\x03 \x01(\x08*\xaf\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x15\n\x11\x46INISH_REASON_EOS\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x03\x12\x1b\n\x17\x46INISH_REASON_CANCELLED\x10\x04\x12\x1a\n\x16\x46INISH_REASON_DEADLINE\x10\x05\x32\xce\x02\n\nGeneration\x12G\n\x08Generate\x12\x1c.seqserve.v1.GenerateRequest\x1a\x1d.seqserve.v1.GenerateResponse\x12U\n\x0eGenerateStream\x12\x1c.seqserve.v1.GenerateRequest\x1a#.seqserve.v1.GenerateStreamResponse0\x01\x12V\n\rGenerateBatch\x12!.seqserve.v1.GenerateBatchRequest\x1a\".seqserve.v1.GenerateBatchResponse\x12H\n\x0cGetModelInfo\x12 .seqserve.v1.GetModelInfoRequest\x1a\x16.seqserve.v1.ModelInfob\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1aseqserve/v1/seqserve.proto\x12\x0bseqserve.v1\"\xf9\x03\n\x0f\x44\x65\x63odingOptions\x12\x1b\n\x0emax_new_tokens\x18\x01 \x01(\rH\x00\x88\x01\x01\x12\x1b\n\x0emin_new_tokens\x18\x02 \x01(\rH\x01\x88\x01\x01\x12\x18\n\x0btemperature\x18\x03 \x01(\x02H\x02\x88\x01\x01\x12\x12\n\x05top_k\x18\x04 \x01(\x05H\x03\x88\x01\x01\x12\x12\n\x05top_p\x18\x05 \x01(\x02H\x04\x88\x01\x01\x12\x1f\n\x12repetition_penalty\x18\x06 \x01(\x02H\x05\x88\x01\x01\x12\x0c\n\x04stop\x18\x07 \x03(\t\x12\x11\n\x04seed\x18\x08 \x01(\x04H\x06\x88\x01\x01\x12\x11\n\tnum_beams\x18\t \x01(\r\x12\x1c\n\x14num_return_sequences\x18\n \x01(\r\x12\x1b\n\x0elength_penalty\x18\x0b \x01(\x02H\x07\x88\x01\x01\x12\x1b\n\x0e\x65\x61rly_stopping\x18\x0c \x01(\x08H\x08\x88\x01\x01\x12\x17\n\x0freturn_logprobs\x18\r \x01(\x08\x12\x14\n\x0ctop_logprobs\x18\x0e \x01(\rB\x11\n\x0f_max_new_tokensB\x11\n\x0f_min_new_tokensB\x0e\n\x0c_temperatureB\x08\n\x06_top_kB\x08\n\x06_top_pB\x15\n\x13_repetition_penaltyB\x07\n\x05_seedB\x11\n\x0f_length_penaltyB\x11\n\x0f_early_stopping\"^\n\x0fGenerateRequest\x12\r\n\x05input\x18\x01 \x01(\t\x12-\n\x07options\x18\x02 \x01(\x0b\x32\x1c.seqserve.v1.DecodingOptions\x12\r\n\x05model\x18\x13 \x01(\t\"/\n\nTopLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\"`\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12-\n\x0ctop_logprobs\x18\x03 \x03(\x0b\x32\x17.seqserve.v1.TopLogprob\"\xe0\x01\n\x08Sequence\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\x30\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x19.seqserve.v1.FinishReason\x12\x1f\n\x12\x63umulative_logprob\x18\x04 \x01(\x01H\x00\x88\x01\x01\x12\x12\n\x05score\x18\x05 \x01(\x01H\x01\x88\x01\x01\x12+\n\x08logprobs\x18\x06 \x03(\x0b\x32\x19.seqserve.v1.TokenLogprobB\x15\n\x13_cumulative_logprobB\x08\n\x06_score\"7\n\x05Usage\x12\x14\n\x0cinput_tokens\x18\x01 \x01(\r\x12\x18\n\x10generated_tokens\x18\x02 \x01(\r\"T\n\x07Timings\x12\x15\n\rqueue_seconds\x18\x01 \x01(\x01\x12\x1b\n\x13\x66irst_token_seconds\x18\x02 \x01(\x01\x12\x15\n\rtotal_seconds\x18\x03 \x01(\x01\"\xe7\x01\n\x10GenerateResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\x30\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x19.seqserve.v1.FinishReason\x12!\n\x05usage\x18\x04 \x01(\x0b\x32\x12.seqserve.v1.Usage\x12%\n\x07timings\x18\x05 \x01(\x0b\x32\x14.seqserve.v1.Timings\x12\x0c\n\x04seed\x18\x06 \x01(\x04\x12(\n\tsequences\x18\x07 \x03(\x0b\x32\x15.seqserve.v1.Sequence\"\xed\x01\n\x16GenerateStreamResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\x30\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x19.seqserve.v1.FinishReason\x12!\n\x05usage\x18\x04 \x01(\x0b\x32\x12.seqserve.v1.Usage\x12%\n\x07timings\x18\x05 \x01(\x0b\x32\x14.seqserve.v1.Timings\x12\x0c\n\x04seed\x18\x06 \x01(\x04\x12(\n\tsequences\x18\x07 \x03(\x0b\x32\x15.seqserve.v1.Sequence\"d\n\x14GenerateBatchRequest\x12\x0e\n\x06inputs\x18\x01 \x03(\t\x12-\n\x07options\x18\x02 \x01(\x0b\x32\x1c.seqserve.v1.DecodingOptions\x12\r\n\x05model\x18\x13 \x01(\t\"G\n\x15GenerateBatchResponse\x12.\n\x07results\x18\x01 \x03(\x0b\x32\x1d.seqserve.v1.GenerateResponse\"$\n\x13GetModelInfoRequest\x12\r\n\x05model\x18\x01 \x01(\t\"p\n\x0b\x43onfigValue\x12\x13\n\tint_value\x18\x01 \x01(\x03H\x00\x12\x16\n\x0c\x64ouble_value\x18\x02 \x01(\x01H\x00\x12\x14\n\nbool_value\x18\x03 \x01(\x08H\x00\x12\x16\n\x0cstring_value\x18\x04 \x01(\tH\x00\x42\x06\n\x04kind\"\xc6\x04\n\tModelInfo\x12\x32\n\x06\x63onfig\x18\x08 \x03(\x0b\x32\".seqserve.v1.ModelInfo.ConfigEntry\x12\x1d\n\x15\x62undle_format_version\x18\x02 \x01(\r\x12\x0f\n\x07variant\x18\x03 \x01(\t\x12\x1a\n\x12\x65xecution_provider\x18\x04 \x01(\t\x12\x1b\n\x13onnxruntime_version\x18\x05 \x01(\t\x12#\n\x06limits\x18\x06 \x01(\x0b\x32\x13.seqserve.v1.Limits\x12\x34\n\x07quality\x18\x07 \x03(\x0b\x32#.seqserve.v1.ModelInfo.QualityEntry\x12?\n\roption_ranges\x18\t \x03(\x0b\x32(.seqserve.v1.ModelInfo.OptionRangesEntry\x12\r\n\x05model\x18\x13 \x01(\t\x12\x0e\n\x06models\x18\x1e \x03(\t\x12\x14\n\x0cmemory_bytes\x18\x1f \x01(\x04\x1aG\n\x0b\x43onfigEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\'\n\x05value\x18\x02 \x01(\x0b\x32\x18.seqserve.v1.ConfigValue:\x02\x38\x01\x1a.\n\x0cQualityEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x1aL\n\x11OptionRangesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12&\n\x05value\x18\x02 \x01(\x0b\x32\x17.seqserve.v1.FloatRange:\x02\x38\x01J\x04\x08\x01\x10\x02\"\xe2\x02\n\x06Limits\x12\x18\n\x10max_input_tokens\x18\x01 \x01(\r\x12\x16\n\x0emax_new_tokens\x18\x02 \x01(\r\x12\x16\n\x0emax_batch_size\x18\x03 \x01(\r\x12\x13\n\x0bmax_waiting\x18\x04 \x01(\r\x12\x18\n\x10max_batch_inputs\x18\x05 \x01(\r\x12\x18\n\x10max_stop_strings\x18\x06 \x01(\r\x12\x1e\n\x16\x64\x65\x66\x61ult_max_new_tokens\x18\x07 \x01(\r\x12\x1d\n\x15max_stop_string_bytes\x18\x08 \x01(\r\x12\x16\n\x0emax_stop_bytes\x18\t \x01(\r\x12!\n\x19max_receive_message_bytes\x18\n \x01(\x04\x12\x1a\n\x12max_inflight_bytes\x18\x0b \x01(\x04\x12\x15\n\rmax_num_beams\x18\x0c \x01(\r\x12\x18\n\x10max_top_logprobs\x18\r \x01(\r\"=\n\nFloatRange\x12\x0b\n\x03min\x18\x01 \x01(\x01\x12\x0b\n\x03max\x18\x02 \x01(\x01\x12\x15\n\rmin_exclusive\x18\x03 \x01(\x08*\xaf\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x15\n\x11\x46INISH_REASON_EOS\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x03\x12\x1b\n\x17\x46INISH_REASON_CANCELLED\x10\x04\x12\x1a\n\x16\x46INISH_REASON_DEADLINE\x10\x05\x32\xce\x02\n\nGeneration\x12G\n\x08Generate\x12\x1c.seqserve.v1.GenerateRequest\x1a\x1d.seqserve.v1.GenerateResponse\x12U\n\x0eGenerateStream\x12\x1c.seqserve.v1.GenerateRequest\x1a#.seqserve.v1.GenerateStreamResponse0\x01\x12V\n\rGenerateBatch\x12!.seqserve.v1.GenerateBatchRequest\x1a\".seqserve.v1.GenerateBatchResponse\x12H\n\x0cGetModelInfo\x12 .seqserve.v1.GetModelInfoRequest\x1a\x16.seqserve.v1.ModelInfob\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,46 +37,46 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_MODELINFO_QUALITYENTRY']._serialized_options = b'8\001'
   _globals['_MODELINFO_OPTIONRANGESENTRY']._loaded_options = None
   _globals['_MODELINFO_OPTIONRANGESENTRY']._serialized_options = b'8\001'
-  _globals['_FINISHREASON']._serialized_start=2873
-  _globals['_FINISHREASON']._serialized_end=3048
+  _globals['_FINISHREASON']._serialized_start=2971
+  _globals['_FINISHREASON']._serialized_end=3146
   _globals['_DECODINGOPTIONS']._serialized_start=44
   _globals['_DECODINGOPTIONS']._serialized_end=549
   _globals['_GENERATEREQUEST']._serialized_start=551
-  _globals['_GENERATEREQUEST']._serialized_end=630
-  _globals['_TOPLOGPROB']._serialized_start=632
-  _globals['_TOPLOGPROB']._serialized_end=679
-  _globals['_TOKENLOGPROB']._serialized_start=681
-  _globals['_TOKENLOGPROB']._serialized_end=777
-  _globals['_SEQUENCE']._serialized_start=780
-  _globals['_SEQUENCE']._serialized_end=1004
-  _globals['_USAGE']._serialized_start=1006
-  _globals['_USAGE']._serialized_end=1061
-  _globals['_TIMINGS']._serialized_start=1063
-  _globals['_TIMINGS']._serialized_end=1147
-  _globals['_GENERATERESPONSE']._serialized_start=1150
-  _globals['_GENERATERESPONSE']._serialized_end=1381
-  _globals['_GENERATESTREAMRESPONSE']._serialized_start=1384
-  _globals['_GENERATESTREAMRESPONSE']._serialized_end=1621
-  _globals['_GENERATEBATCHREQUEST']._serialized_start=1623
-  _globals['_GENERATEBATCHREQUEST']._serialized_end=1708
-  _globals['_GENERATEBATCHRESPONSE']._serialized_start=1710
-  _globals['_GENERATEBATCHRESPONSE']._serialized_end=1781
-  _globals['_GETMODELINFOREQUEST']._serialized_start=1783
-  _globals['_GETMODELINFOREQUEST']._serialized_end=1804
-  _globals['_CONFIGVALUE']._serialized_start=1806
-  _globals['_CONFIGVALUE']._serialized_end=1918
-  _globals['_MODELINFO']._serialized_start=1921
-  _globals['_MODELINFO']._serialized_end=2450
-  _globals['_MODELINFO_CONFIGENTRY']._serialized_start=2247
-  _globals['_MODELINFO_CONFIGENTRY']._serialized_end=2318
-  _globals['_MODELINFO_QUALITYENTRY']._serialized_start=2320
-  _globals['_MODELINFO_QUALITYENTRY']._serialized_end=2366
-  _globals['_MODELINFO_OPTIONRANGESENTRY']._serialized_start=2368
-  _globals['_MODELINFO_OPTIONRANGESENTRY']._serialized_end=2444
-  _globals['_LIMITS']._serialized_start=2453
-  _globals['_LIMITS']._serialized_end=2807
-  _globals['_FLOATRANGE']._serialized_start=2809
-  _globals['_FLOATRANGE']._serialized_end=2870
-  _globals['_GENERATION']._serialized_start=3051
-  _globals['_GENERATION']._serialized_end=3385
+  _globals['_GENERATEREQUEST']._serialized_end=645
+  _globals['_TOPLOGPROB']._serialized_start=647
+  _globals['_TOPLOGPROB']._serialized_end=694
+  _globals['_TOKENLOGPROB']._serialized_start=696
+  _globals['_TOKENLOGPROB']._serialized_end=792
+  _globals['_SEQUENCE']._serialized_start=795
+  _globals['_SEQUENCE']._serialized_end=1019
+  _globals['_USAGE']._serialized_start=1021
+  _globals['_USAGE']._serialized_end=1076
+  _globals['_TIMINGS']._serialized_start=1078
+  _globals['_TIMINGS']._serialized_end=1162
+  _globals['_GENERATERESPONSE']._serialized_start=1165
+  _globals['_GENERATERESPONSE']._serialized_end=1396
+  _globals['_GENERATESTREAMRESPONSE']._serialized_start=1399
+  _globals['_GENERATESTREAMRESPONSE']._serialized_end=1636
+  _globals['_GENERATEBATCHREQUEST']._serialized_start=1638
+  _globals['_GENERATEBATCHREQUEST']._serialized_end=1738
+  _globals['_GENERATEBATCHRESPONSE']._serialized_start=1740
+  _globals['_GENERATEBATCHRESPONSE']._serialized_end=1811
+  _globals['_GETMODELINFOREQUEST']._serialized_start=1813
+  _globals['_GETMODELINFOREQUEST']._serialized_end=1849
+  _globals['_CONFIGVALUE']._serialized_start=1851
+  _globals['_CONFIGVALUE']._serialized_end=1963
+  _globals['_MODELINFO']._serialized_start=1966
+  _globals['_MODELINFO']._serialized_end=2548
+  _globals['_MODELINFO_CONFIGENTRY']._serialized_start=2345
+  _globals['_MODELINFO_CONFIGENTRY']._serialized_end=2416
+  _globals['_MODELINFO_QUALITYENTRY']._serialized_start=2418
+  _globals['_MODELINFO_QUALITYENTRY']._serialized_end=2464
+  _globals['_MODELINFO_OPTIONRANGESENTRY']._serialized_start=2466
+  _globals['_MODELINFO_OPTIONRANGESENTRY']._serialized_end=2542
+  _globals['_LIMITS']._serialized_start=2551
+  _globals['_LIMITS']._serialized_end=2905
+  _globals['_FLOATRANGE']._serialized_start=2907
+  _globals['_FLOATRANGE']._serialized_end=2968
+  _globals['_GENERATION']._serialized_start=3149
+  _globals['_GENERATION']._serialized_end=3483
 # @@protoc_insertion_point(module_scope)

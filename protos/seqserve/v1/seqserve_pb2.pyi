@@ -55,12 +55,14 @@ class DecodingOptions(_message.Message):
     def __init__(self, max_new_tokens: _Optional[int] = ..., min_new_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., stop: _Optional[_Iterable[str]] = ..., seed: _Optional[int] = ..., num_beams: _Optional[int] = ..., num_return_sequences: _Optional[int] = ..., length_penalty: _Optional[float] = ..., early_stopping: _Optional[bool] = ..., return_logprobs: _Optional[bool] = ..., top_logprobs: _Optional[int] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("input", "options")
+    __slots__ = ("input", "options", "model")
     INPUT_FIELD_NUMBER: _ClassVar[int]
     OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
     input: str
     options: DecodingOptions
-    def __init__(self, input: _Optional[str] = ..., options: _Optional[_Union[DecodingOptions, _Mapping]] = ...) -> None: ...
+    model: str
+    def __init__(self, input: _Optional[str] = ..., options: _Optional[_Union[DecodingOptions, _Mapping]] = ..., model: _Optional[str] = ...) -> None: ...
 
 class TopLogprob(_message.Message):
     __slots__ = ("token_id", "logprob")
@@ -151,12 +153,14 @@ class GenerateStreamResponse(_message.Message):
     def __init__(self, text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., seed: _Optional[int] = ..., sequences: _Optional[_Iterable[_Union[Sequence, _Mapping]]] = ...) -> None: ...
 
 class GenerateBatchRequest(_message.Message):
-    __slots__ = ("inputs", "options")
+    __slots__ = ("inputs", "options", "model")
     INPUTS_FIELD_NUMBER: _ClassVar[int]
     OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
     inputs: _containers.RepeatedScalarFieldContainer[str]
     options: DecodingOptions
-    def __init__(self, inputs: _Optional[_Iterable[str]] = ..., options: _Optional[_Union[DecodingOptions, _Mapping]] = ...) -> None: ...
+    model: str
+    def __init__(self, inputs: _Optional[_Iterable[str]] = ..., options: _Optional[_Union[DecodingOptions, _Mapping]] = ..., model: _Optional[str] = ...) -> None: ...
 
 class GenerateBatchResponse(_message.Message):
     __slots__ = ("results",)
@@ -165,8 +169,10 @@ class GenerateBatchResponse(_message.Message):
     def __init__(self, results: _Optional[_Iterable[_Union[GenerateResponse, _Mapping]]] = ...) -> None: ...
 
 class GetModelInfoRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("model",)
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    def __init__(self, model: _Optional[str] = ...) -> None: ...
 
 class ConfigValue(_message.Message):
     __slots__ = ("int_value", "double_value", "bool_value", "string_value")
@@ -181,7 +187,7 @@ class ConfigValue(_message.Message):
     def __init__(self, int_value: _Optional[int] = ..., double_value: _Optional[float] = ..., bool_value: _Optional[bool] = ..., string_value: _Optional[str] = ...) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("config", "bundle_format_version", "variant", "execution_provider", "onnxruntime_version", "limits", "quality", "option_ranges")
+    __slots__ = ("config", "bundle_format_version", "variant", "execution_provider", "onnxruntime_version", "limits", "quality", "option_ranges", "model", "models", "memory_bytes")
     class ConfigEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -211,6 +217,9 @@ class ModelInfo(_message.Message):
     LIMITS_FIELD_NUMBER: _ClassVar[int]
     QUALITY_FIELD_NUMBER: _ClassVar[int]
     OPTION_RANGES_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    MODELS_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
     config: _containers.MessageMap[str, ConfigValue]
     bundle_format_version: int
     variant: str
@@ -219,7 +228,10 @@ class ModelInfo(_message.Message):
     limits: Limits
     quality: _containers.ScalarMap[str, float]
     option_ranges: _containers.MessageMap[str, FloatRange]
-    def __init__(self, config: _Optional[_Mapping[str, ConfigValue]] = ..., bundle_format_version: _Optional[int] = ..., variant: _Optional[str] = ..., execution_provider: _Optional[str] = ..., onnxruntime_version: _Optional[str] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., quality: _Optional[_Mapping[str, float]] = ..., option_ranges: _Optional[_Mapping[str, FloatRange]] = ...) -> None: ...
+    model: str
+    models: _containers.RepeatedScalarFieldContainer[str]
+    memory_bytes: int
+    def __init__(self, config: _Optional[_Mapping[str, ConfigValue]] = ..., bundle_format_version: _Optional[int] = ..., variant: _Optional[str] = ..., execution_provider: _Optional[str] = ..., onnxruntime_version: _Optional[str] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., quality: _Optional[_Mapping[str, float]] = ..., option_ranges: _Optional[_Mapping[str, FloatRange]] = ..., model: _Optional[str] = ..., models: _Optional[_Iterable[str]] = ..., memory_bytes: _Optional[int] = ...) -> None: ...
 
 class Limits(_message.Message):
     __slots__ = ("max_input_tokens", "max_new_tokens", "max_batch_size", "max_waiting", "max_batch_inputs", "max_stop_strings", "default_max_new_tokens", "max_stop_string_bytes", "max_stop_bytes", "max_receive_message_bytes", "max_inflight_bytes", "max_num_beams", "max_top_logprobs")
