@@ -18,7 +18,8 @@ def run(args: argparse.Namespace) -> int:
     if args.timeout is not None and not (math.isfinite(args.timeout) and args.timeout > 0):
         raise ValueError(f"--timeout must be a finite number of seconds > 0, got {args.timeout}")
     decoding = decoding_from_args(args)
-    with Client(args.server, timeout=args.timeout, connection=connection_from_args(args)) as client:
+    with Client(args.server, timeout=args.timeout, connection=connection_from_args(args),
+                model=args.model) as client:
         try:
             if args.json:
                 _print_json(client, args.input, args.stream, decoding)

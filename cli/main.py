@@ -70,6 +70,8 @@ def _add_serving_commands(sub) -> None:
                    help="print the whole response as JSON (protobuf's mapping, the proto's field names); with "
                         "--stream one object per message, one per line")
     p.add_argument("--timeout", type=float, help="deadline of the call in seconds")
+    p.add_argument("--model", help="the model to run, by name (needed when the server serves several; "
+                                   "GetModelInfo and health list them)")
     add_connection_arguments(p)  # TLS, client certificate, bearer token (docs/security.md)
     add_decoding_arguments(p)  # the proto's option names; unset ones take the server's defaults
     p.set_defaults(func=_generate)

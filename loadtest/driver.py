@@ -55,6 +55,7 @@ class LoadTest:
     stop_timeout_s: int = 30  # calls in flight at the end may finish, so client and server counts agree
     reset_stats: bool = False  # leave the ramp-up out of the statistics (sweep steps)
     connection: dict = field(default_factory=dict)  # server/channel.py's flags (TLS, client certificate, token file)
+    model: str | None = None  # the model every call names (None = the server's one model)
 
     def __post_init__(self) -> None:
         if self.users < 1 or self.duration_s < 1:
@@ -69,7 +70,7 @@ class LoadTest:
                    spawn_rate=args.spawn_rate, duration_s=parse_duration(args.duration),
                    methods=tuple(m.strip() for m in args.methods.split(",") if m.strip()),
                    decoding=decoding_from_args(args), timeout_s=args.timeout,
-                   stop_timeout_s=parse_duration(args.stop_timeout),
+                   stop_timeout_s=parse_duration(args.stop_timeout), model=getattr(args, "model", None),
                    connection={k: v for k in CONNECTION_HELP if (v := getattr(args, k, None)) not in (None, False)})
 
     def locust_argv(self, out: Path) -> list[str]:
@@ -81,6 +82,7 @@ class LoadTest:
                 "--summary-json", str(out / "summary.json"), "--heldout", str(self.heldout), "--tags", *self.methods]
         argv += ["--reset-stats"] if self.reset_stats else []
         argv += ["--timeout", str(self.timeout_s)] if self.timeout_s else []
+        argv += ["--model", self.model] if self.model else []
         for name, value in self.connection.items():  # locust's users open their channels with the same flags
             argv += [flag(name)] + ([] if value is True else [str(value)])
         return argv + option_flags(self.decoding)

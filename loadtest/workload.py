@@ -31,6 +31,7 @@ class Workload:
     sources: list[str]
     decoding: dict = field(default_factory=dict)  # DecodingOptions keywords; None = the server's default
     timeout: float | None = None  # deadline of each call in seconds
+    model: str = ""  # the model every call names ("" = the server's one model)
     options: pb.DecodingOptions = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -38,4 +39,4 @@ class Workload:
         self.options = options(**self.decoding)
 
     def request(self, rng: random.Random) -> pb.GenerateRequest:
-        return pb.GenerateRequest(input=rng.choice(self.sources), options=self.options)
+        return pb.GenerateRequest(input=rng.choice(self.sources), options=self.options, model=self.model)
