@@ -129,6 +129,8 @@ class App:
                                      name=source.name, memory_bytes=loaded.memory_bytes)
         await self.health.set(health_name(source.name), SERVING)
         if replaced is not None:
+            log.info("model %s: its new version takes calls; the earlier one drains %d in flight", source.name,
+                     len(replaced.calls))
             self._drain_later(replaced, earlier, gone=False)
 
     def _drain_later(self, served: ServedModel, loaded: Loaded | None, gone: bool) -> None:
@@ -164,9 +166,9 @@ class App:
                 log.error("reload: cannot read the models: %s", exc)
                 return
             for name in [n for n in self.models if n not in sources]:
-                log.info("reload: model %s removed: draining it", name)
                 await self.health.set(health_name(name), NOT_SERVING)
                 served = self.service.remove(name)
+                log.info("reload: model %s removed: it drains %d calls in flight", name, len(served.calls))
                 self._drain_later(served, self.models.pop(name), gone=True)
             for source in sources.values():
                 current = self.models.get(source.name)
