@@ -105,16 +105,20 @@ class Engine(Stepping):
         single = slots.live[:hi] & ~self.beams.owns()  # (hi,) rows whose token is chosen here (beams: below)
         lps = {rec: log_softmax(logits[rec.slot]) for rec in scored}  # the model's, before anything masks them
         chosen = choose(logits, {}, self.eos_id, self.banned, single & (slots.length[:hi] < slots.min_new[:hi]))
-        self._each(sampled, lambda rec: self._sample(rec, logits, chosen))
+        if sampled:  # (each phase is skipped outright when no row needs it: batch 1 pays per call)
+            self._each(sampled, lambda rec: self._sample(rec, logits, chosen))
         codes = np.where(single, finish.after_token(chosen, slots.length[:hi], slots.max_new[:hi], self.eos_id), 0)
-        self._each(scored, lambda rec: rec.add_logprob(int(chosen[rec.slot]), lps[rec]))
+        if scored:
+            self._each(scored, lambda rec: rec.add_logprob(int(chosen[rec.slot]), lps[rec]))
         appended = single & (codes != finish.EOS)  # (hi,) EOS ends a row without being returned
         slots.append(chosen, appended)
         self._first_tokens(now)
-        self._each(texted, lambda rec: self._text(rec, int(chosen[rec.slot]), appended, codes))
+        if texted:
+            self._each(texted, lambda rec: self._text(rec, int(chosen[rec.slot]), appended, codes))
         ended = [rec.at(s) for s in np.flatnonzero(codes).tolist()  # (a request that failed this step has left)
                  if (rec := self._running.get(slots.requests[s])) is not None]
-        self._each(ended, lambda rec: self._end(rec, finish.REASONS[int(codes[rec.slot])], now))
+        if ended:
+            self._each(ended, lambda rec: self._end(rec, finish.REASONS[int(codes[rec.slot])], now))
         generated = int(appended.sum()) + self._advance_beams(logits, now)
         self.metrics.generated_tokens.inc(generated)  # EOS is not returned, so not counted: equals usage
         self._tick(now)

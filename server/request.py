@@ -175,7 +175,8 @@ class Request:
     def cancel(self, deadline: bool = False) -> None:
         """Called from the service's thread; the engine ends the request at its next step: DEADLINE when its call
         ended by its deadline, else CANCELLED."""
-        self.by_deadline = deadline
+        if not self._cancelled.is_set():  # the first reason stands
+            self.by_deadline = deadline
         self._cancelled.set()
 
     @property
