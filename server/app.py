@@ -5,8 +5,9 @@ Several models (server/repository.py): each has its own engine and batch and its
 (`seqserve.v1.Generation/<name>`). SIGHUP re-reads the models (Triton's explicit model control): a new or changed
 bundle is loaded and warmed up before it takes calls; a removed or replaced version drains, its calls finish.
 SIGTERM/SIGINT: NOT_SERVING -> new calls UNAVAILABLE -> in-flight calls finish within the grace period -> calls
-still in flight get UNAVAILABLE, and so do calls gRPC accepted but had not handed over yet (never CANCELLED: clients
-retry UNAVAILABLE, not CANCELLED) -> server.stop -> engine.stop -> exit 0.
+still in flight get UNAVAILABLE -> new calls are held until their arrival pauses for QUIET_SECONDS (at most
+drain_backlog_seconds) -> server.stop begins and the held calls get UNAVAILABLE (clients retry UNAVAILABLE, not the
+CANCELLED gRPC core gives a call it holds when it stops) -> engine.stop -> exit 0.
 Security (docs/security.md): TLS / mutual TLS, bearer tokens, the bind addresses, reflection on or off.
 """
 from __future__ import annotations
@@ -42,7 +43,6 @@ from seqserve.server.tls import server_credentials
 log = logging.getLogger("seqserve")
 WARMUP_TEXT = "warm up"
 ABORT_SECONDS = 5.0  # after the grace period: how long calls get to send their UNAVAILABLE before server.stop
-BACKLOG_SECONDS = 5.0  # at most this long answering calls gRPC accepted but had not yet handed to the service
 QUIET_SECONDS = 0.1  # no new call for this long: gRPC's backlog of accepted calls is empty
 FLUSH_SECONDS = 1.0  # server.stop's own grace: lets the last statuses and responses reach their clients
 LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")
@@ -292,25 +292,31 @@ class App:
             log.warning("grace period of %.1fs over: %d calls still in flight get UNAVAILABLE", grace, aborted)
             if not await inflight.wait_idle(ABORT_SECONDS):
                 log.error("calls still in flight %.1fs after their abort: server.stop cancels them", ABORT_SECONDS)
-        await self._refuse_backlog()
+        await self._hold_arrivals()
         await self.close(grace=FLUSH_SECONDS)
         return finished
 
-    async def _refuse_backlog(self) -> None:
-        """gRPC may hold calls it accepted but has not handed to the service yet (a busy event loop takes them one
-        at a time), and server.stop would end those CANCELLED. So the server keeps answering, each such call gets
-        UNAVAILABLE at once, until none arrived for QUIET_SECONDS (at most BACKLOG_SECONDS)."""
-        inflight, end = self.service.inflight, time.monotonic() + BACKLOG_SECONDS
+    async def _hold_arrivals(self) -> None:
+        """The calls that reach the server after the ones in flight ended: gRPC may hold calls it accepted but has
+        not handed to the service yet (a busy event loop takes them one at a time), and clients keep sending new
+        ones (retries, a balancer that cannot see the drain). A call in gRPC core when server.stop begins ends
+        CANCELLED, and one answered UNAVAILABLE at once comes right back. So new calls are held, unanswered, until
+        none arrived for QUIET_SECONDS (at most drain_backlog_seconds): a client waiting for its held call sends no
+        other. close() then begins server.stop and answers the held calls UNAVAILABLE."""
+        service, end = self.service, time.monotonic() + self.settings.drain_backlog_seconds
+        service.hold_new_calls()
         while time.monotonic() < end:
-            await inflight.wait_idle(max(0.0, end - time.monotonic()))
-            quiet_since = time.monotonic()  # a loop busy with aborts hands over no call: only count from idle
-            await asyncio.sleep(QUIET_SECONDS)
-            if inflight.last_arrival < quiet_since and not inflight:  # nothing came, nothing is left
+            quiet_since = time.monotonic()
+            await asyncio.sleep(min(QUIET_SECONDS, max(0.0, end - time.monotonic())))
+            if service.inflight.last_arrival < quiet_since:  # nothing came: gRPC holds no call, nor do clients send
                 return
 
     async def close(self, grace: float = 0) -> None:
         if self.server is not None:
-            await self.server.stop(grace)
+            stopping = asyncio.ensure_future(self.server.stop(grace))
+            await asyncio.sleep(0)  # gRPC core stops taking calls first, then the held ones get their UNAVAILABLE
+            self.service.release_held()
+            await stopping
         for task in list(self.draining_models):  # a replaced version still draining: its calls ended with the server
             task.cancel()
         for loaded in [*self.models.values(), *self._retiring]:

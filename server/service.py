@@ -59,6 +59,7 @@ class GenerationService(pb_grpc.GenerationServicer):
         self.models: dict[str, ServedModel] = {}  # the models taking calls, by name
         self.max_inflight_bytes = max_inflight_bytes  # server-wide: every model's calls together
         self.draining = False
+        self.held: asyncio.Event | None = None  # the drain's last moment: new calls wait for it before their answer
         self.inflight = InFlight(metrics)
 
     def open(self, engine, tokenizer, limits: Limits, model: dict,
@@ -112,6 +113,14 @@ class GenerationService(pb_grpc.GenerationServicer):
         """New calls get UNAVAILABLE from now on; calls already in flight carry on."""
         self.draining = True
 
+    def hold_new_calls(self) -> None:
+        """New calls wait, unanswered, until release_held (App._hold_arrivals says why)."""
+        self.held = asyncio.Event()
+
+    def release_held(self) -> None:
+        if self.held is not None:
+            self.held.set()
+
     @contextlib.asynccontextmanager
     async def _call(self, method: str, context: grpc.aio.ServicerContext, request, timed: bool = True):
         """Every RPC runs inside this: admission, counting, the status code, and releasing its rows. The call
@@ -120,6 +129,8 @@ class GenerationService(pb_grpc.GenerationServicer):
         self.inflight.enter(call)
         try:
             try:
+                if self.held is not None:
+                    await self.held.wait()
                 self._admit(call, method, request)
                 yield call
             except Rejected as exc:

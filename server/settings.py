@@ -115,6 +115,10 @@ class Settings:
     max_top_logprobs: int = _opt(20, "largest top_logprobs a request may ask", type=int)
     grace_seconds: float = _opt(20.0, "on SIGTERM/SIGINT, how long in-flight requests may take to finish; calls "
                                       "still in flight then get UNAVAILABLE", type=float)
+    drain_backlog_seconds: float = _opt(2.0, "on SIGTERM/SIGINT, once the calls in flight have ended: how long at most "
+                                             "the server keeps answering new calls UNAVAILABLE, waiting for a 0.1 s "
+                                             "pause in their arrival, before it stops (a call that reaches it in "
+                                             "that instant ends CANCELLED)", type=float)
     log_level: str = _opt("INFO", "logging level", choices=LOG_LEVELS)
 
     def __post_init__(self) -> None:
@@ -147,7 +151,7 @@ class Settings:
                              ("max_encoded_bytes", 0, None), ("max_input_tokens", 1, None), ("max_new_tokens", 1, None),
                              ("default_max_new_tokens", 1, None), ("max_stop_strings", 0, None),
                              ("max_batch_inputs", 1, None), ("max_num_beams", 1, None), ("max_health_watches", 0, None), ("max_pending_calls", 1, None), ("max_top_logprobs", 0, None), ("memory_budget_bytes", 0, None),
-                             ("grace_seconds", 0, None),
+                             ("grace_seconds", 0, None), ("drain_backlog_seconds", 0, None),
                              ("max_stop_string_bytes", 1, None), ("max_stop_bytes", 1, None),
                              ("max_receive_message_bytes", 1024, None), ("max_inflight_bytes", 1024, None)):
             value = getattr(self, name)

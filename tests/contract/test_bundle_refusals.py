@@ -157,6 +157,7 @@ def test_serve_and_verify_exit_2_naming_the_problem(tiny_bundle, tmp_path, capsy
         assert main(argv) == 2, argv[0]
         err = capsys.readouterr().err
         assert f"seqserve {argv[0]}: error: " in err and message in err, (argv[0], err)
+        print(f"\nexit 2: {err.strip().replace(str(bundle) + '/', '')}")  # docs/security.md lists these
 
 
 def test_the_real_command_exits_2(tiny_bundle, tmp_path):
