@@ -59,8 +59,9 @@ class Metrics:
         return ModelMetrics(self, name)
 
     def forget(self, name: str) -> None:
-        """A model was unloaded: its gauges leave /metrics (counters and histograms stay, as Prometheus expects)."""
-        for gauge in (self.running, self.waiting, self.kv_cache_bytes, self.model_memory, self.model_state):
+        """A model was unloaded: its gauges and info leave /metrics (counters and histograms stay: a rate over them
+        still covers the time it served)."""
+        for gauge in (self.running, self.waiting, self.kv_cache_bytes, self.model_memory, self.model_state, self.model):
             try:
                 gauge.remove(name)
             except KeyError:

@@ -2,6 +2,9 @@
 GetModelInfo, health and every metric; unknown names NOT_FOUND; intra-op threads split; a memory budget at load."""
 from __future__ import annotations
 
+import json
+import logging
+import shutil
 import subprocess
 import sys
 
@@ -10,7 +13,8 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_harness import request
 
-from seqserve.contract.manifest import load_manifest
+from seqserve.contract.manifest import MANIFEST, load_manifest, sha256_of
+from seqserve.contract.verified import VERIFIED
 from seqserve.server import settings as st
 from seqserve.server.client import Client
 from seqserve.v1 import seqserve_pb2 as pb
@@ -135,6 +139,29 @@ def test_a_model_beyond_the_memory_budget_is_refused_at_load(make_server, two):
     message = str(info.value)
     assert "'de-en'" in message and str(budget) in message and "--memory-budget-bytes" in message
     assert make_server(bundle=bundles[:1], memory_budget_bytes=budget).app.models.keys() == {"en-de"}
+
+
+def test_a_reload_refuses_a_model_beyond_the_budget_and_the_others_keep_serving(make_server, two, tiny_bundle,
+                                                                               tmp_path, caplog, heldout):
+    one = two.stub.GetModelInfo(pb.GetModelInfoRequest(model="en-de"), timeout=10).memory_bytes
+    repository = tmp_path / "models"
+    for name in ("a", "b"):
+        shutil.copytree(tiny_bundle, repository / name)
+        (repository / name / VERIFIED).write_text(json.dumps({"manifest_sha256": sha256_of(tiny_bundle / MANIFEST)}))
+    shutil.move(repository / "b", tmp_path / "b")  # not there yet
+    s = make_server(bundle=None, model_repository=repository, memory_budget_bytes=one + one // 2)
+    assert s.app.models.keys() == {"a"}
+    shutil.move(tmp_path / "b", repository / "b")
+    with caplog.at_level(logging.ERROR, logger="seqserve"):
+        s.run_async(s.app.reload()).result(60)
+    assert s.app.models.keys() == {"a"}
+    refused = [r.getMessage() for r in caplog.records if "not loaded" in r.getMessage()]
+    assert len(refused) == 1 and "'b'" in refused[0] and str(one + one // 2) in refused[0]
+    assert s.stub.Generate(request(heldout[0][0]), timeout=30).token_ids  # the one model still needs no name
+    health = health_pb2_grpc.HealthStub(s.channel)
+    with pytest.raises(grpc.RpcError) as info:
+        health.Check(health_pb2.HealthCheckRequest(service="seqserve.v1.Generation/b"), timeout=10)
+    assert info.value.code() == Code.NOT_FOUND
 
 
 @pytest.mark.parametrize("flags, env, expected", [
