@@ -57,6 +57,7 @@ class GenerationService(pb_grpc.GenerationServicer):
     def __init__(self, metrics: Metrics, max_inflight_bytes: int = 32 << 20) -> None:
         self.metrics = metrics
         self.models: dict[str, ServedModel] = {}  # the models taking calls, by name
+        self.opened = False  # the first model was opened: from then on an empty table means none is served
         self.max_inflight_bytes = max_inflight_bytes  # server-wide: every model's calls together
         self.draining = False
         self.held: asyncio.Event | None = None  # the drain's last moment: new calls wait for it before their answer
@@ -80,6 +81,7 @@ class GenerationService(pb_grpc.GenerationServicer):
         metrics.model_state.set(1)
         served = ServedModel(name, engine, tokenizer, limits, info, defaults, max_chars, metrics, memory_bytes)
         earlier, self.models[name] = self.models.get(name), served
+        self.opened = True
         return earlier
 
     def remove(self, name: str) -> ServedModel | None:
@@ -158,7 +160,7 @@ class GenerationService(pb_grpc.GenerationServicer):
     def _admit(self, call: Call, method: str, request) -> None:
         """Refuses a call before any work: the server is not ready or draining, the request could not be decoded,
         it names no served model, or its bytes would take the calls in flight beyond max_inflight_bytes."""
-        if self.draining or not self.models:
+        if self.draining or not self.opened:
             raise Rejected(Code.UNAVAILABLE, "the server is shutting down" if self.draining else
                            "the model is still loading", "draining" if self.draining else "not_ready")
         if isinstance(request, Undecodable):
@@ -176,10 +178,12 @@ class GenerationService(pb_grpc.GenerationServicer):
 
     def _model(self, name: str) -> ServedModel:
         """The model a request names; empty names the one model (with several it is required)."""
-        served = ", ".join(sorted(self.models))
+        served = ", ".join(sorted(self.models)) or "none (every model was unloaded)"
         if not name:
             if len(self.models) == 1:
                 return next(iter(self.models.values()))
+            if not self.models:
+                raise Rejected(Code.NOT_FOUND, f"no model is served now; the models are: {served}", "unknown_model")
             raise Rejected(Code.INVALID_ARGUMENT, f"model must be set: this server serves several models ({served})",
                            "invalid_argument")
         model = self.models.get(name)
