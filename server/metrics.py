@@ -41,17 +41,16 @@ class Metrics:
         self.kv_cache_bytes = Gauge("seqserve_kv_cache_bytes", "Bytes held by the KV cache", [MODEL], registry=r)
         self.input_tokens = Counter("seqserve_input_tokens", "Source tokens encoded", [MODEL], registry=r)
         self.generated_tokens = Counter("seqserve_generated_tokens", "Tokens generated", [MODEL], registry=r)
-        self.finished = Counter("seqserve_finished_requests", "Finished generations by finish reason", [MODEL, "reason"],
-                                registry=r)
+        self.finished = Counter("seqserve_finished_requests", "Finished generations by finish reason",
+                                [MODEL, "reason"], registry=r)
         self.rejected = Counter("seqserve_rejected_requests", "Requests refused before running, by reason",
-                                  [MODEL, "reason"],
-                                registry=r)
+                                [MODEL, "reason"], registry=r)
         self.model = Info("seqserve_model", "A served bundle and where it runs", [MODEL], registry=r)
         self.inflight_bytes = Gauge("seqserve_inflight_request_bytes", "Request payload bytes held by calls in flight",
                                     registry=r)
         self.model_memory = Gauge("seqserve_model_memory_bytes", "Host memory a served model may take: graph files, "
                                   "KV cache and encode-ahead budgets (GetModelInfo.memory_bytes)", [MODEL], registry=r)
-        self.model_state = Gauge("seqserve_model_ready", "1 while a model takes calls, 0 while it loads or drains",
+        self.model_state = Gauge("seqserve_model_ready", "1 while a model takes calls, 0 while a removed one drains",
                                  [MODEL], registry=r)
 
     def for_model(self, name: str) -> ModelMetrics:
@@ -87,7 +86,7 @@ class ModelMetrics:
         for attr, metric in vars(metrics).items():
             if attr == "registry":
                 continue
-            names = getattr(metric, "_labelnames", ())
+            names = getattr(metric, "_labelnames", ())  # prometheus_client keeps a metric's label names here
             if names[:1] != (MODEL,):
                 setattr(self, attr, metric)  # server-wide (inflight bytes)
             elif len(names) == 1:

@@ -150,7 +150,9 @@ class Settings:
                              ("max_kv_tokens", 1, None), ("encode_batch", 1, None), ("stream_interval", 1, None),
                              ("max_encoded_bytes", 0, None), ("max_input_tokens", 1, None), ("max_new_tokens", 1, None),
                              ("default_max_new_tokens", 1, None), ("max_stop_strings", 0, None),
-                             ("max_batch_inputs", 1, None), ("max_num_beams", 1, None), ("max_health_watches", 0, None), ("max_pending_calls", 1, None), ("max_top_logprobs", 0, None), ("memory_budget_bytes", 0, None),
+                             ("max_batch_inputs", 1, None), ("max_num_beams", 1, None), ("max_health_watches", 0, None),
+                             ("max_pending_calls", 1, None), ("max_top_logprobs", 0, None),
+                             ("memory_budget_bytes", 0, None),
                              ("grace_seconds", 0, None), ("drain_backlog_seconds", 0, None),
                              ("max_stop_string_bytes", 1, None), ("max_stop_bytes", 1, None),
                              ("max_receive_message_bytes", 1024, None), ("max_inflight_bytes", 1024, None)):
