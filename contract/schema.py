@@ -152,7 +152,8 @@ def manifest_schema(variants: tuple[str, ...]) -> Obj:
     """The top level (fields the Manifest dataclass has beyond these are checked by the caller)."""
     return Obj({"format": Str(), "format_version": Int(), "model": MODEL,
                 "special_tokens": Obj({name: ID for name in SPECIAL_IDS}), "tokenizer": FILE_ENTRY, "io": IO,
-                "variants": Map(VARIANT, keys=variants, needs=("fp32",)), "opset": Int(1, 1000), "ir_version": Int(1, 1000),
+                "variants": Map(VARIANT, keys=variants, needs=("fp32",)), "opset": Int(1, 1000),
+                "ir_version": Int(1, 1000),
                 "max_new_tokens": Int(1, MAX_POSITIONS)},
                optional={"heldout": Nullable(FILE_ENTRY), "training": Obj(extra=Anything()),
                          "versions": Obj(extra=Anything())}, extra=Anything())

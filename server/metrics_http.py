@@ -4,7 +4,7 @@ It answers GET (and HEAD) of exactly `/metrics` (any query string) with the regi
 scraper's Accept header asks for); any other path gets 404, any other method 405, anything that is not an HTTP
 request 400. A connection has HEAD_TIMEOUT_SECONDS to send its request head (at most MAX_HEAD_BYTES) and
 WRITE_TIMEOUT_SECONDS to take the answer; at most MAX_CONNECTIONS are open at once (a new one closes the oldest, so
-idle connections cannot lock a scraper out). One request per connection (`Connection: close`), which is how Prometheus scrapes.
+idle connections cannot lock a scraper out). One request per connection (`Connection: close`), as Prometheus scrapes.
 """
 from __future__ import annotations
 

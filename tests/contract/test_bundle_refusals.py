@@ -128,7 +128,8 @@ CASES = [
      "message is not valid UTF-8 (the file is corrupted)"),
     ("nested-100000-deep", _nested(100_000), "manifest.json: nested more than 32 levels deep"),
     ("nested-100-deep", _nested(100), "manifest.json: nested more than 32 levels deep"),
-    ("digest-not-utf8", _digest_file(b"\xff\xfe\x00bad  manifest.json\n"), "bundle.sha256: not text (byte 0 is not ASCII)"),
+    ("digest-not-utf8", _digest_file(b"\xff\xfe\x00bad  manifest.json\n"),
+     "bundle.sha256: not text (byte 0 is not ASCII)"),
     ("digest-huge", _digest_file(b"0" * 10_000), "bundle.sha256: more than 4096 bytes"),
     ("manifest-over-1MiB", _padded((1 << 20) + 1), "manifest.json: 1048577 bytes, more than a manifest may have"),
 ]
