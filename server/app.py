@@ -81,7 +81,6 @@ class App:
         self.models: dict[str, Loaded] = {}  # the versions taking calls, by name
         self.draining_models: set[asyncio.Task] = set()  # replaced or removed versions finishing their calls
         self._retiring: list[Loaded] = []  # their engines (stopped by close if it comes first)
-        self.reloads = 0  # SIGHUP re-reads finished (tests wait on it)
         self.port = self.metrics_port = None
         self._http = None
         self._reload_lock = asyncio.Lock()
@@ -119,8 +118,9 @@ class App:
 
     async def _load_model(self, source: Source, n_models: int) -> None:
         """Loads and warms up one model off the event loop, then it takes calls (its earlier version drains)."""
-        await self.health.set(health_name(source.name), NOT_SERVING)
         earlier = self.models.get(source.name)
+        if earlier is None:  # a changed model's earlier version serves (SERVING) until the new one takes over
+            await self.health.set(health_name(source.name), NOT_SERVING)
         used = sum(m.memory_bytes for n, m in self.models.items() if n != source.name)  # a new version replaces
         loaded = await asyncio.to_thread(self._load, source, split_threads(self.settings.intra_op_threads, n_models),
                                          used)
@@ -179,11 +179,8 @@ class App:
                     await self._load_model(source, len(sources))
                 except Exception as exc:
                     log.error("reload: model %s not loaded: %s", source.name, exc)
-                    if current is None:
+                    if current is None:  # the earlier version, if any, keeps serving
                         await self.health.forget(health_name(source.name))
-                    else:  # the earlier version keeps serving
-                        await self.health.set(health_name(source.name), SERVING)
-            self.reloads += 1
             log.info("reload done: serving %s", ", ".join(sorted(self.models)) or "no model")
 
     async def _listen(self) -> None:
