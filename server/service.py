@@ -54,7 +54,7 @@ def _check(ok: bool, message: str) -> None:
 
 
 class GenerationService(pb_grpc.GenerationServicer):
-    def __init__(self, metrics: Metrics, max_inflight_bytes: int = 32 << 20) -> None:
+    def __init__(self, metrics: Metrics, max_inflight_bytes: int) -> None:
         self.metrics = metrics
         self.models: dict[str, ServedModel] = {}  # the models taking calls, by name
         self.opened = False  # the first model was opened: from then on an empty table means none is served
