@@ -190,3 +190,66 @@ def test_invalid_model_settings_name_the_flag(tiny_bundle, kwargs, message):
                   str(tiny_bundle.parent) if v == "REPO" else v) for k, v in kwargs.items()}
     with pytest.raises(st.SettingsError, match=message):
         st.Settings(**kwargs)
+
+
+def test_a_changed_model_takes_calls_while_its_earlier_version_finishes_one_held_mid_generation(
+        make_server, tiny_bundle, tmp_path, heldout):
+    from grpc_harness import StepGate, wait_for
+
+    repository = tmp_path / "models"
+    shutil.copytree(tiny_bundle, repository / "m")
+    (repository / "m" / VERIFIED).write_text(json.dumps({"manifest_sha256": sha256_of(tiny_bundle / MANIFEST)}))
+    s = make_server(bundle=None, model_repository=repository)
+    old = s.app.models["m"].engine
+    gate = StepGate(old)
+    gate.close()
+    long = pb.DecodingOptions(min_new_tokens=20, max_new_tokens=20)
+    held = s.stub.Generate.future(pb.GenerateRequest(input=heldout[0][0], model="m", options=long), timeout=60)
+    gate.wait_held()  # the call runs on the earlier version, which is held between two steps
+    manifest = json.loads((repository / "m" / MANIFEST).read_text())
+    manifest["max_new_tokens"] = 30  # a new version
+    (repository / "m" / MANIFEST).write_text(json.dumps(manifest))
+    (repository / "m" / "bundle.sha256").write_text(f"{sha256_of(repository / 'm' / MANIFEST)}  {MANIFEST}\n")
+    (repository / "m" / VERIFIED).write_text(json.dumps({"manifest_sha256": sha256_of(repository / "m" / MANIFEST)}))
+    s.run_async(s.app.reload()).result(60)
+    assert s.app.models["m"].engine is not old
+    fresh = s.stub.Generate(pb.GenerateRequest(input=heldout[1][0], model="m"), timeout=30)  # the new version answers
+    assert fresh.token_ids and s.stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=10).limits.max_new_tokens == 30
+    assert not held.done()
+    gate.open()
+    assert len(held.result(60).token_ids) == 20  # the earlier version finished it whole
+    wait_for(lambda: not s.app.draining_models, what="the earlier version drained and stopped")
+    assert old._thread is not None and not old._thread.is_alive()
+
+
+def test_a_removed_model_refuses_new_calls_and_finishes_one_held_mid_generation(make_server, tiny_bundle, tmp_path,
+                                                                                  heldout):
+    from grpc_harness import StepGate, wait_for
+
+    repository = tmp_path / "models"
+    for name in ("m", "keep"):
+        shutil.copytree(tiny_bundle, repository / name)
+        (repository / name / VERIFIED).write_text(json.dumps({"manifest_sha256": sha256_of(tiny_bundle / MANIFEST)}))
+    s = make_server(bundle=None, model_repository=repository)
+    gate = StepGate(s.app.models["m"].engine)
+    gate.close()
+    long = pb.DecodingOptions(min_new_tokens=20, max_new_tokens=20)
+    held = s.stub.Generate.future(pb.GenerateRequest(input=heldout[0][0], model="m", options=long), timeout=60)
+    gate.wait_held()
+    shutil.move(repository / "m", tmp_path / "m")
+    s.run_async(s.app.reload()).result(60)
+    with pytest.raises(grpc.RpcError) as info:
+        s.stub.Generate(pb.GenerateRequest(input=heldout[1][0], model="m"), timeout=10)
+    assert info.value.code() == Code.NOT_FOUND and "the models are: keep" in info.value.details()
+    health = health_pb2_grpc.HealthStub(s.channel)
+    assert health.Check(health_pb2.HealthCheckRequest(service="seqserve.v1.Generation/m"), timeout=10).status == \
+        health_pb2.HealthCheckResponse.NOT_SERVING  # draining
+    assert s.metric("seqserve_model_ready", model="m") == 0
+    gate.open()
+    assert len(held.result(60).token_ids) == 20
+    wait_for(lambda: not s.app.draining_models, what="m drained and stopped")
+    with pytest.raises(grpc.RpcError) as info:
+        health.Check(health_pb2.HealthCheckRequest(service="seqserve.v1.Generation/m"), timeout=10)
+    assert info.value.code() == Code.NOT_FOUND  # gone
+    assert not [s for f in s.app.metrics.registry.collect() for s in f.samples
+                if s.labels.get("model") == "m" and f.type in ("gauge", "info")]
