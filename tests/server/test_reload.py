@@ -163,3 +163,11 @@ def test_sighup_loads_changes_and_removes_models_under_load_without_losing_a_cal
     assert ok >= 4 * 3 * CALLS_PER_STEP - 2 * CALLS_PER_STEP, ok
     assert not any("unverified" in line and "loading" in line for line in log)
     assert any("skipped" in line and "unverified" in line for line in log)
+
+
+def test_a_sighup_while_starting_is_remembered_not_fatal():
+    """Before the event loop's handler exists, SIGHUP's default action would end the process: signals.hold keeps
+    it for one re-read once serving, and it does not count as a stop."""
+    code = ("import os, signal; from seqserve.server import signals; signals.hold(); "
+            "os.kill(os.getpid(), signal.SIGHUP); assert signals.reload_asked() and not signals.received()")
+    subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True, timeout=60)
