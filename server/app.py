@@ -125,6 +125,7 @@ class App:
         loaded = await asyncio.to_thread(self._load, source, split_threads(self.settings.intra_op_threads, n_models),
                                          used)
         self.models[source.name] = loaded
+        self._report_gauges(source.name)
         replaced = self.service.open(loaded.engine, loaded.tokenizer, loaded.limits, self._model_info(loaded.runner),
                                      name=source.name, memory_bytes=loaded.memory_bytes)
         await self.health.set(health_name(source.name), SERVING)
@@ -132,6 +133,18 @@ class App:
             log.info("model %s: its new version takes calls; the earlier one drains %d in flight", source.name,
                      len(replaced.calls))
             self._drain_later(replaced, earlier, gone=False)
+
+    def _report_gauges(self, name: str) -> None:
+        """A model's running, waiting and KV-cache gauges add up its versions (a replaced one still draining
+        included), each engine's values as its last step set them, so two versions never overwrite each other."""
+        def total(i: int):
+            def read() -> float:  # at scrape time: the versions serving or draining then
+                versions = [m for m in (self.models.get(name), *self._retiring) if m and m.source.name == name]
+                return sum(m.engine.gauges[i] or 0 for m in versions)
+            return read
+
+        for i, gauge in enumerate((self.metrics.running, self.metrics.waiting, self.metrics.kv_cache_bytes)):
+            gauge.labels(name).set_function(total(i))
 
     def _drain_later(self, served: ServedModel, loaded: Loaded | None, gone: bool) -> None:
         if loaded is not None:

@@ -35,7 +35,7 @@ class Stepping:
         self._ended_waiting: list[Request] = []  # waiting requests this engine ended (their encoder failed)
         self._ended: list[Request] = []  # running requests ended this step: the next schedule retires them
         self._fresh: list[Request] = []  # requests admitted this step: their first token comes from this step
-        self._gauges = (None, None, None)  # the last values set: a gauge is set only when it changes
+        self.gauges = (None, None, None)  # rows running, requests waiting, KV bytes, as the last step set them
         self._last_step_at: float | None = None
         self.after_step: Callable[[], None] | None = None  # tests hold the engine thread here between steps
         self._wake = threading.Condition()
@@ -182,10 +182,10 @@ class Stepping:
             self._sinks.add(r.sink)
         self._ended_waiting.clear()
         gauges = (self.runner.slots.n_live, self.scheduler.n_waiting, self.runner.nbytes)
-        if gauges != self._gauges:
+        if gauges != self.gauges:
             for gauge, value in zip((self.metrics.running, self.metrics.waiting, self.metrics.kv_cache_bytes), gauges):
                 gauge.set(value)
-            self._gauges = gauges
+            self.gauges = gauges
         if not self.runner.slots.n_live:
             self._last_step_at = None  # an idle gap is not an inter-token latency
         for sink in self._sinks:

@@ -216,8 +216,10 @@ def test_a_changed_model_takes_calls_while_its_earlier_version_finishes_one_held
     fresh = s.stub.Generate(pb.GenerateRequest(input=heldout[1][0], model="m"), timeout=30)  # the new version answers
     assert fresh.token_ids and s.stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=10).limits.max_new_tokens == 30
     assert not held.done()
+    assert s.metric("seqserve_running_requests", model="m") == 1  # the versions add up: the held row is counted
     gate.open()
     assert len(held.result(60).token_ids) == 20  # the earlier version finished it whole
+    assert s.metric("seqserve_running_requests", model="m") == 0
     wait_for(lambda: not s.app.draining_models, what="the earlier version drained and stopped")
     assert old._thread is not None and not old._thread.is_alive()
 
