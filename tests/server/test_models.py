@@ -11,6 +11,7 @@ import sys
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from fixture_builds import THREADS
 from grpc_harness import request
 
 from seqserve.contract.manifest import MANIFEST, load_manifest, sha256_of
@@ -25,10 +26,11 @@ MODELS = ("en-de", "de-en")
 
 @pytest.fixture(scope="module")
 def two(tiny_bundle):
-    """One server serving the tiny bundle twice, under two names, with 2 intra-op threads to share."""
+    """One server serving the tiny bundle twice, under two names, sharing twice the threads the one-model server has
+    (so each model runs with as many as it, and their floating-point sums agree)."""
     from grpc_harness import Served
 
-    s = Served(tuple(f"{name}={tiny_bundle}" for name in MODELS), intra_op_threads=2).wait_ready()
+    s = Served(tuple(f"{name}={tiny_bundle}" for name in MODELS), intra_op_threads=2 * THREADS).wait_ready()
     yield s
     s.stop()
 
@@ -43,13 +45,19 @@ def test_each_model_answers_as_a_one_model_server(two, served, heldout):
         assert [t for m in stream for t in m.token_ids] == list(alone[0].token_ids)
         batch = two.stub.GenerateBatch(pb.GenerateBatchRequest(inputs=sources[:3], model=name), timeout=30)
         assert [list(r.token_ids) for r in batch.results] == [list(r.token_ids) for r in alone[:3]]
+    for options in (pb.DecodingOptions(temperature=0.8, seed=7), pb.DecodingOptions(num_beams=4, num_return_sequences=4)):
+        expected = served.stub.Generate(pb.GenerateRequest(input=sources[1], options=options), timeout=30)
+        for name in MODELS:
+            got = two.stub.Generate(pb.GenerateRequest(input=sources[1], options=options, model=name), timeout=30)
+            assert [list(q.token_ids) for q in got.sequences] == [list(q.token_ids) for q in expected.sequences]
+            assert [q.score for q in got.sequences] == pytest.approx([q.score for q in expected.sequences], abs=1e-5)
 
 
 def test_each_model_has_its_own_engine_and_a_share_of_the_threads(two):
     engines = {name: two.app.models[name].engine for name in MODELS}
     assert engines["en-de"] is not engines["de-en"]
     assert engines["en-de"].scheduler is not engines["de-en"].scheduler
-    assert [two.app.models[n].runner.device.cfg.intra_op_threads for n in MODELS] == [1, 1]  # floor(2 / 2)
+    assert [two.app.models[n].runner.device.cfg.intra_op_threads for n in MODELS] == [THREADS, THREADS]  # 2T / 2
     assert st.Settings(bundle=two.app.settings.bundle).bundles().keys() == set(MODELS)
 
 
