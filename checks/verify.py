@@ -15,11 +15,11 @@ from seqserve.checks.quality import CPU, MAX_EXACT_MATCH_DROP, MIN_TOP1, QUALITY
 from seqserve.checks.table import Check
 from seqserve.contract import names
 from seqserve.contract.manifest import MANIFEST, BundleError, Manifest, listed_files, load_manifest, sha256_of
+from seqserve.contract.verified import VERIFIED, is_verified  # noqa: F401 (is_verified: deploy/bundle.sh)
 from seqserve.export import ort_io
 from seqserve.server.device import RuntimeConfig
 from seqserve.server.runner import Runner
 
-VERIFIED = "verified.json"  # written by a passed `seqserve verify`; `make serve` depends on it
 
 
 def verify(bundle: str | Path, quality_n: int = QUALITY_N, progress: bool = True,
@@ -98,11 +98,3 @@ def write_marker(bundle: str | Path, rows: list[Check], with_pytorch: bool) -> N
     tmp = bundle / (VERIFIED + ".tmp")
     tmp.write_text(json.dumps(marker, indent=2) + "\n")
     tmp.replace(bundle / VERIFIED)  # atomic: a crash never leaves a half-written marker
-
-
-def is_verified(bundle: str | Path) -> bool:
-    path = Path(bundle) / VERIFIED
-    try:
-        return json.loads(path.read_text())["manifest_sha256"] == sha256_of(Path(bundle) / MANIFEST)
-    except (OSError, ValueError, KeyError):
-        return False

@@ -19,7 +19,8 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--timeout must be a finite number of seconds > 0, got {args.timeout}")
     decoding = decoding_from_args(args)  # with the languages: every client call takes them as keywords
     decoding |= {"source_language": args.source_language, "target_language": args.target_language}
-    with Client(args.server, timeout=args.timeout, connection=connection_from_args(args)) as client:
+    with Client(args.server, timeout=args.timeout, connection=connection_from_args(args),
+                model=args.model) as client:
         try:
             if args.json:
                 _print_json(client, args.input, args.stream, decoding)

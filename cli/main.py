@@ -74,6 +74,8 @@ def _add_serving_commands(sub) -> None:
                    help="a multilingual model's source language, in its own codes (fr, fra_Latn, fr_XX)")
     p.add_argument("--target-language", default="", metavar="CODE",
                    help="a multilingual model's target language (forced as the first token)")
+    p.add_argument("--model", help="the model to run, by name (needed when the server serves several; "
+                                   "GetModelInfo and health list them)")
     add_connection_arguments(p)  # TLS, client certificate, bearer token (docs/security.md)
     add_decoding_arguments(p)  # the proto's option names; unset ones take the server's defaults
     p.set_defaults(func=_generate)

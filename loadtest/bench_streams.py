@@ -106,9 +106,10 @@ async def _sequential(stub, load: StreamLoad, options: pb.DecodingOptions) -> di
 
 
 async def _scrape(url: str) -> float:
-    """The server's generated-token counter now (read off the event loop: urllib blocks)."""
+    """The server's generated-token counter now, summed over its models (read off the event loop: urllib blocks)."""
     text = await asyncio.to_thread(lambda: urllib.request.urlopen(url, timeout=10).read().decode())
-    for line in text.splitlines():
-        if line.startswith(GENERATED_TOKENS + " "):
-            return float(line.split()[1])
-    raise RuntimeError(f"{url} has no {GENERATED_TOKENS}")
+    counts = [float(line.rsplit(maxsplit=1)[1]) for line in text.splitlines()
+              if line.startswith((GENERATED_TOKENS + " ", GENERATED_TOKENS + "{"))]  # {model="..."}
+    if not counts:
+        raise RuntimeError(f"{url} has no {GENERATED_TOKENS}")
+    return sum(counts)

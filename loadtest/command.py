@@ -27,6 +27,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--duration", default="60s", help="run time: 90, 60s, 5m, 1h30m (default %(default)s)")
     parser.add_argument("--methods", default=",".join(METHODS), help="RPCs the users call, in equal shares")
     parser.add_argument("--timeout", type=float, help="deadline of each call in seconds (unset = none)")
+    parser.add_argument("--model", help="the model every call names (needed when the server serves several)")
     parser.add_argument("--stop-timeout", default="30s",
                         help="how long calls in flight at the end may finish (default %(default)s)")
     parser.add_argument("--report-dir", help="output folder (default: reports/loadtest-<timestamp>)")

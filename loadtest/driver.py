@@ -57,6 +57,7 @@ class LoadTest:
     connection: dict = field(default_factory=dict)  # server/channel.py's flags (TLS, client certificate, token file)
     source_language: str = ""  # a multilingual model's source language code
     target_languages: tuple[str, ...] = ()  # cycled call by call (--languages)
+    model: str | None = None  # the model every call names (None = the server's one model)
 
     def __post_init__(self) -> None:
         if self.users < 1 or self.duration_s < 1:
@@ -71,7 +72,7 @@ class LoadTest:
                    spawn_rate=args.spawn_rate, duration_s=parse_duration(args.duration),
                    methods=tuple(m.strip() for m in args.methods.split(",") if m.strip()),
                    decoding=decoding_from_args(args), timeout_s=args.timeout,
-                   stop_timeout_s=parse_duration(args.stop_timeout),
+                   stop_timeout_s=parse_duration(args.stop_timeout), model=getattr(args, "model", None),
                    connection={k: v for k in CONNECTION_HELP if (v := getattr(args, k, None)) not in (None, False)},
                    source_language=getattr(args, "source_language", "") or "",
                    target_languages=target_languages(getattr(args, "languages", "")))
@@ -87,6 +88,7 @@ class LoadTest:
         argv += ["--timeout", str(self.timeout_s)] if self.timeout_s else []
         argv += ["--source-language", self.source_language] if self.source_language else []
         argv += ["--languages", ",".join(self.target_languages)] if self.target_languages else []
+        argv += ["--model", self.model] if self.model else []
         for name, value in self.connection.items():  # locust's users open their channels with the same flags
             argv += [flag(name)] + ([] if value is True else [str(value)])
         return argv + option_flags(self.decoding)

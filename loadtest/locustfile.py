@@ -17,7 +17,8 @@ directory or its heldout.tsv). Decoding options are the proto's names as flags (
 `--num-beams`, `--num-return-sequences`, `--length-penalty`, `--early-stopping`, `--return-logprobs`,
 `--top-logprobs`); the web UI shows them under "Custom parameters" (booleans as true / false).
 `--tags Generate` or `--tags GenerateStream` runs one method only. A multilingual model takes a language mix:
-`--source-language en_XX --languages fr_XX,de_DE` (the calls cycle through the target languages).
+`--source-language en_XX --languages fr_XX,de_DE` (the calls cycle through the target languages). `--model NAME`
+targets one model of a server that serves several.
 
 Statistics: request type "grpc" rows are whole calls, with "content size" = generated tokens; "ttft" rows are
 streams' time to first token (so locust's own "Aggregated" row counts each stream twice; summary.json does not).
@@ -46,6 +47,8 @@ def _add_arguments(parser) -> None:
     parser.add_argument("--heldout", default="artifacts/bundle",
                         help="bundle directory (or its heldout.tsv) whose held-out sources are the inputs")
     parser.add_argument("--timeout", type=float, help="deadline of each call in seconds (unset = none)")
+    parser.add_argument("--model", default="", help="the model every call names (needed when the server serves "
+                                                    "several; empty = its one model)")
     parser.add_argument("--summary-json", include_in_web_ui=False, help="write the run's summary here on stop")
     add_connection_arguments(parser, include_in_web_ui=False)
     add_decoding_arguments(parser)
@@ -76,7 +79,8 @@ def _load_workload(environment, **_) -> None:
     o = environment.parsed_options
     timeout = float(o.timeout) if o.timeout not in (None, "") else None  # the web UI sends strings
     SeqserveUser.workload = Workload(heldout_sources(o.heldout), decoding_from_args(o), timeout,
-                                     o.source_language or "", target_languages(o.languages))
+                                     o.source_language or "", target_languages(o.languages),
+                                     model=(o.model or "").strip())
 
 
 @events.test_stop.add_listener

@@ -47,6 +47,7 @@ class Workload:
     timeout: float | None = None  # deadline of each call in seconds
     source_language: str = ""  # a multilingual model's source language code
     target_languages: tuple[str, ...] = ()  # cycled: call i asks for target_languages[i % n]
+    model: str = ""  # the model every call names ("" = the server's one model)
     options: pb.DecodingOptions = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -55,5 +56,5 @@ class Workload:
         self._targets = itertools.cycle(self.target_languages or ("",))
 
     def request(self, rng: random.Random) -> pb.GenerateRequest:
-        return pb.GenerateRequest(input=rng.choice(self.sources), options=self.options,
+        return pb.GenerateRequest(input=rng.choice(self.sources), options=self.options, model=self.model,
                                   source_language=self.source_language, target_language=next(self._targets))

@@ -1,6 +1,9 @@
 """`seqserve serve`: builds runner + engine + service, serves gRPC (with health and reflection) and /metrics.
 
-Lifecycle: bind with health NOT_SERVING -> load the bundle and warm up (off the event loop) -> SERVING.
+Lifecycle: bind with health NOT_SERVING -> load each model and warm it up (off the event loop) -> SERVING.
+Several models (server/repository.py): each has its own engine and batch and its own health service name
+(`seqserve.v1.Generation/<name>`). SIGHUP re-reads the models (Triton's explicit model control): a new or changed
+bundle is loaded and warmed up before it takes calls; a removed or replaced version drains, its calls finish.
 SIGTERM/SIGINT: NOT_SERVING -> new calls UNAVAILABLE -> in-flight calls finish within the grace period -> calls
 still in flight get UNAVAILABLE -> new calls are held until their arrival pauses for QUIET_SECONDS (at most
 drain_backlog_seconds) -> server.stop begins and the held calls get UNAVAILABLE (clients retry UNAVAILABLE, not the
@@ -12,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import dataclass
 
 import grpc
 import onnxruntime as ort
@@ -28,9 +32,11 @@ from seqserve.server.health import Health
 from seqserve.server.metrics import Metrics
 from seqserve.server.metrics_http import MetricsEndpoint
 from seqserve.server.model_defaults import default_max_new_tokens, info_entries, request_defaults
+from seqserve.server.repository import Source, memory_bytes, scan, split_threads
 from seqserve.server.request import Request, SamplingParams
 from seqserve.server.runner import Runner
 from seqserve.server.scheduler import Scheduler, SchedulerConfig
+from seqserve.server.served_model import ServedModel
 from seqserve.server.service import SERVICE_NAME, GenerationService
 from seqserve.server.settings import Settings, SettingsError, env_name
 from seqserve.server.tls import server_credentials
@@ -41,36 +47,157 @@ ABORT_SECONDS = 5.0  # after the grace period: how long calls get to send their 
 QUIET_SECONDS = 0.1  # no new call for this long: gRPC's backlog of accepted calls is empty
 FLUSH_SECONDS = 1.0  # server.stop's own grace: lets the last statuses and responses reach their clients
 LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")
+SERVING, NOT_SERVING = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+class ModelError(SettingsError):
+    """A model that cannot be loaded (over the memory budget, a broken bundle): at start the server exits with it;
+    on a reload that model alone is not loaded."""
+
+
+@dataclass
+class Loaded:
+    """A model the app loaded: where from, its runner and engine, what it may take in memory."""
+
+    source: Source
+    runner: Runner
+    engine: Engine
+    tokenizer: object
+    limits: object
+    memory_bytes: int
+
+
+def health_name(model: str) -> str:
+    """A model's service name in the health service, beside the whole server's "" and SERVICE_NAME."""
+    return f"{SERVICE_NAME}/{model}"
 
 
 class App:
     def __init__(self, settings: Settings, metrics: Metrics | None = None) -> None:
         self.settings = settings
         self.metrics = metrics or Metrics()
-        self.service = GenerationService(self.metrics)
+        self.service = GenerationService(self.metrics, settings.max_inflight_bytes)
         self.health = Health(settings.max_health_watches, self.metrics)
         self.server: grpc.aio.Server | None = None
-        self.runner: Runner | None = None
-        self.engine: Engine | None = None
+        self.models: dict[str, Loaded] = {}  # the versions taking calls, by name
+        self.draining_models: set[asyncio.Task] = set()  # replaced or removed versions finishing their calls
+        self._retiring: list[Loaded] = []  # their engines (stopped by close if it comes first)
         self.port = self.metrics_port = None
         self._http = None
+        self._reload_lock = asyncio.Lock()
+        self._started = asyncio.Event()  # a SIGHUP before the first models are loaded waits for them
+
+    @property
+    def runner(self) -> Runner | None:
+        """The one model's runner (None while loading or with several models: see `models`)."""
+        return next(iter(self.models.values())).runner if len(self.models) == 1 else None
+
+    @property
+    def engine(self) -> Engine | None:
+        return next(iter(self.models.values())).engine if len(self.models) == 1 else None
 
     async def start(self) -> None:
-        """Listens at once (health NOT_SERVING), then loads and warms up in a thread, then SERVING."""
+        """Listens at once (health NOT_SERVING), then loads and warms up each model in a thread, then SERVING."""
         await self._listen()
         try:
             await self._serve_metrics()
-            runner, tokenizer, limits, engine = await asyncio.to_thread(self._load)
-            self.runner, self.engine = runner, engine
-            defaults = request_defaults(runner.manifest.generation, limits.default_max_new_tokens, limits.max_num_beams)
-            self.service.open(engine, tokenizer, limits, self._model_info(runner), defaults)
-            await self._set_health(health_pb2.HealthCheckResponse.SERVING)
-            log.info("serving %s on %s:%d (%s, %s); %s", self.settings.bundle, self.settings.bind, self.port,
+            sources = scan(self.settings)
+            if not sources:
+                raise SettingsError(f"no model to serve: {self.settings.model_repository} holds no verified bundle "
+                                    f"(--model-repository / {env_name('model_repository')})")
+            for source in sources.values():
+                await self._load_model(source, len(sources))
+            await self._set_health(SERVING)
+            self._started.set()
+            runner = next(iter(self.models.values())).runner  # every model runs on the same settings
+            log.info("serving %s on %s:%d (%s, %s); %s", ", ".join(self.models), self.settings.bind, self.port,
                      runner.provider, runner.variant, "metrics disabled" if self.metrics_port is None else
                      f"metrics on {self.settings.metrics_bind}:{self.metrics_port}/metrics")
         except BaseException:
             await self.close(grace=0)
             raise
+
+    async def _load_model(self, source: Source, n_models: int) -> None:
+        """Loads and warms up one model off the event loop, then it takes calls (its earlier version drains)."""
+        earlier = self.models.get(source.name)
+        if earlier is None:  # a changed model's earlier version serves (SERVING) until the new one takes over
+            await self.health.set(health_name(source.name), NOT_SERVING)
+        used = sum(m.memory_bytes for n, m in self.models.items() if n != source.name)  # a new version replaces
+        loaded = await asyncio.to_thread(self._load, source, split_threads(self.settings.intra_op_threads, n_models),
+                                         used)
+        self.models[source.name] = loaded
+        self._report_gauges(source.name)
+        defaults = request_defaults(loaded.runner.manifest.generation, loaded.limits.default_max_new_tokens,
+                                    loaded.limits.max_num_beams)  # the model's generation defaults
+        replaced = self.service.open(loaded.engine, loaded.tokenizer, loaded.limits, self._model_info(loaded.runner),
+                                     defaults, name=source.name, memory_bytes=loaded.memory_bytes)
+        await self.health.set(health_name(source.name), SERVING)
+        if replaced is not None:
+            log.info("model %s: its new version takes calls; the earlier one drains %d in flight", source.name,
+                     len(replaced.calls))
+            self._drain_later(replaced, earlier, gone=False)
+
+    def _report_gauges(self, name: str) -> None:
+        """A model's running, waiting and KV-cache gauges add up its versions (a replaced one still draining
+        included), each engine's values as its last step set them, so two versions never overwrite each other."""
+        def total(i: int):
+            def read() -> float:  # at scrape time: the versions serving or draining then
+                versions = [m for m in (self.models.get(name), *self._retiring) if m and m.source.name == name]
+                return sum(m.engine.gauges[i] or 0 for m in versions)
+            return read
+
+        for i, gauge in enumerate((self.metrics.running, self.metrics.waiting, self.metrics.kv_cache_bytes)):
+            gauge.labels(name).set_function(total(i))
+
+    def _drain_later(self, served: ServedModel, loaded: Loaded | None, gone: bool) -> None:
+        if loaded is not None:
+            self._retiring.append(loaded)
+        task = asyncio.ensure_future(self._drain_model(served, loaded, gone))
+        self.draining_models.add(task)
+        task.add_done_callback(self.draining_models.discard)
+
+    async def _drain_model(self, served: ServedModel, loaded: Loaded | None, gone: bool) -> None:
+        """A version that takes no new call finishes its calls (UNAVAILABLE after --grace-seconds), then stops."""
+        grace = self.settings.grace_seconds
+        if not await served.wait_idle(grace):
+            log.warning("model %s: %d calls still in flight after %.1fs get UNAVAILABLE", served.name,
+                        served.abort(), grace)
+            await served.wait_idle(ABORT_SECONDS)
+        if loaded is not None:
+            await asyncio.to_thread(loaded.engine.stop)
+            self._retiring.remove(loaded)
+        if gone and served.name not in self.models:  # not loaded again meanwhile
+            self.metrics.forget(served.name)
+            await self.health.forget(health_name(served.name))
+        log.info("model %s: %s version drained and stopped", served.name, "removed" if gone else "replaced")
+
+    async def reload(self) -> None:
+        """SIGHUP: re-reads the models; loads new and changed ones (each warmed up before it takes calls), drains
+        removed ones. A model that fails to load is logged and left out; the others keep serving."""
+        await self._started.wait()
+        async with self._reload_lock:
+            try:
+                sources = scan(self.settings)
+            except (OSError, SettingsError) as exc:
+                log.error("reload: cannot read the models: %s", exc)
+                return
+            for name in [n for n in self.models if n not in sources]:
+                await self.health.set(health_name(name), NOT_SERVING)
+                served = self.service.remove(name)
+                log.info("reload: model %s removed: it drains %d calls in flight", name, len(served.calls))
+                self._drain_later(served, self.models.pop(name), gone=True)
+            for source in sources.values():
+                current = self.models.get(source.name)
+                if current is not None and current.source.digest == source.digest:
+                    continue
+                log.info("reload: model %s %s: loading it", source.name, "changed" if current else "added")
+                try:
+                    await self._load_model(source, len(sources))
+                except Exception as exc:
+                    log.error("reload: model %s not loaded: %s", source.name, exc)
+                    if current is None:  # the earlier version, if any, keeps serving
+                        await self.health.forget(health_name(source.name))
+            log.info("reload done: serving %s", ", ".join(sorted(self.models)) or "no model")
 
     async def _listen(self) -> None:
         s = self.settings
@@ -119,28 +246,34 @@ class App:
                                 f"{env_name('metrics_port')}): {exc}") from exc
         self.metrics_port = self._http.port
 
-    def _load(self):
-        """Runs in a worker thread: onnxruntime sessions, tokenizer, engine, one warm-up generation."""
-        s = self.settings
-        manifest, tokenizer = open_bundle(s.bundle)
+    def _load(self, source: Source, threads: int, used: int) -> Loaded:
+        """Runs in a worker thread: the memory budget, onnxruntime sessions, tokenizer, engine, one warm-up."""
+        s, bundle = self.settings, source.path
+        manifest, tokenizer = open_bundle(bundle)
         if s.variant in manifest.variants:  # probed on CPU too: an out-of-range gather may pass silently on a GPU
-            check_graphs(s.bundle, manifest, s.variant)
+            check_graphs(bundle, manifest, s.variant)
         limits = s.limits(int(manifest.model["max_positions"]), int(manifest.max_new_tokens),
                           default_max_new_tokens(manifest.generation))
-        runtime = RuntimeConfig(device=s.device, intra_op_threads=s.intra_op_threads,
+        memory = memory_bytes(bundle, manifest, s) if s.variant in manifest.variants else 0
+        if s.memory_budget_bytes and used + memory > s.memory_budget_bytes:
+            raise ModelError(f"model {source.name!r} refused: it may take {memory} bytes and the models already "
+                             f"loaded {used}, beyond --memory-budget-bytes / {env_name('memory_budget_bytes')} "
+                             f"{s.memory_budget_bytes}")
+        runtime = RuntimeConfig(device=s.device, intra_op_threads=threads,
                                 inter_op_threads=s.inter_op_threads, allow_spinning=s.allow_spinning,
                                 cuda_tf32=s.cuda_tf32)
-        runner = Runner(s.bundle, runtime, s.variant, capacity=s.max_batch_size, kv_cache=s.kv_cache)
+        runner = Runner(bundle, runtime, s.variant, capacity=s.max_batch_size, kv_cache=s.kv_cache)
         scheduler = Scheduler(SchedulerConfig.from_settings(s, runner.cross_bytes_per_token))
-        engine = Engine(runner, tokenizer, scheduler, self.metrics, stream_interval=s.stream_interval)
+        engine = Engine(runner, tokenizer, scheduler, self.metrics.for_model(source.name),
+                        stream_interval=s.stream_interval)
         self._warm_up(engine, tokenizer)
         engine.start()
-        return runner, tokenizer, limits, engine
+        return Loaded(source, runner, engine, tokenizer, limits, memory)
 
     def _warm_up(self, engine: Engine, tokenizer) -> None:
         """One short generation before SERVING, so the first client does not pay for onnxruntime's first run."""
         request = Request(tokenizer.encode(WARMUP_TEXT).ids, SamplingParams(max_new_tokens=2))
-        exported, engine.metrics = engine.metrics, Metrics()  # warm-up is not traffic: keep it off /metrics
+        exported, engine.metrics = engine.metrics, Metrics().for_model("")  # warm-up is not traffic: off /metrics
         try:
             engine.generate([request])
         finally:
@@ -198,8 +331,10 @@ class App:
             await asyncio.sleep(0)  # gRPC core stops taking calls first, then the held ones get their UNAVAILABLE
             self.service.release_held()
             await stopping
-        if self.engine is not None:
-            await asyncio.to_thread(self.engine.stop)
+        for task in list(self.draining_models):  # a replaced version still draining: its calls ended with the server
+            task.cancel()
+        for loaded in [*self.models.values(), *self._retiring]:
+            await asyncio.to_thread(loaded.engine.stop)
         if self._http is not None:
             await self._http.close()
             self._http = None
@@ -214,8 +349,21 @@ async def _serve(settings: Settings) -> int:
         log.info("stopped before serving: a signal arrived while starting")
         return 0
     app = App(settings)
+    reloads: set[asyncio.Task] = set()
+
+    def reload() -> None:  # one re-read at a time (App.reload's lock); a SIGHUP during one queues the next
+        task = loop.create_task(app.reload())
+        reloads.add(task)
+        task.add_done_callback(reloads.discard)
+
+    loop.add_signal_handler(signals.RELOAD, reload)
+    if signals.reload_asked():
+        reload()
     await app.start()
     await stop.wait()
+    loop.remove_signal_handler(signals.RELOAD)
+    for task in reloads:  # a re-read still loading: the drain stops the server instead
+        task.cancel()
     await app.drain()
     log.info("stopped")
     return 0

@@ -54,8 +54,8 @@ class TokenAuth(grpc.aio.ServerInterceptor):
         if handler is None:  # unknown method: UNIMPLEMENTED, as without auth
             return None
         if service == self.counted_service:
-            self.metrics.requests.labels(method, grpc.StatusCode.UNAUTHENTICATED.name).inc()
-            self.metrics.rejected.labels("unauthenticated").inc()
+            self.metrics.requests.labels("", method, grpc.StatusCode.UNAUTHENTICATED.name).inc()  # model: not known yet
+            self.metrics.rejected.labels("", "unauthenticated").inc()
         log.debug("refused %s: missing or wrong bearer token", details.method)
         return _refusal(handler)
 

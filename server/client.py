@@ -9,6 +9,7 @@
 Decoding options are keywords named exactly as the proto's DecodingOptions fields (an unknown name raises
 ValueError); None leaves an option unset so the server's default applies. Errors are grpc.RpcError.
 TLS, a client certificate and a bearer token: `Client(address, connection=Connection(ca_file=..., token=...))`.
+A server with several models: `Client(address, model="en-de")`, or `model=` per call (it wins).
 """
 from __future__ import annotations
 
@@ -161,43 +162,48 @@ def _result(m, text: str, token_ids: list[int]) -> Result:
 
 class Client:
     def __init__(self, address: str = DEFAULT_ADDRESS, timeout: float | None = None,
-                 connection: Connection = Connection()) -> None:
+                 connection: Connection = Connection(), model: str | None = None) -> None:
         """timeout: the default deadline of every call in seconds (None = no deadline); connection: plaintext by
-        default, or TLS / mutual TLS / a bearer token."""
-        self.address, self.timeout = address, timeout
+        default, or TLS / mutual TLS / a bearer token; model: the model every call names unless it names its own
+        (None: the server's one model)."""
+        self.address, self.timeout, self.model = address, timeout, model
         self.channel = connection.channel(address)
         self.stub = pb_grpc.GenerationStub(self.channel)
 
-    def generate(self, input: str, *, timeout: float | None = None, source_language: str = "",
+    def _model(self, model: str | None) -> str:
+        return model or self.model or ""
+
+    def generate(self, input: str, *, timeout: float | None = None, model: str | None = None, source_language: str = "",
                  target_language: str = "", **decoding) -> Result:
         """source_language / target_language: a multilingual model's codes (model_info()["languages"])."""
-        m = self.generate_response(input, timeout=timeout, source_language=source_language,
+        m = self.generate_response(input, timeout=timeout, model=model, source_language=source_language,
                                    target_language=target_language, **decoding)
         return _result(m, m.text, list(m.token_ids))
 
-    def generate_response(self, input: str, *, timeout: float | None = None, source_language: str = "",
-                          target_language: str = "", **decoding) -> pb.GenerateResponse:
+    def generate_response(self, input: str, *, timeout: float | None = None, model: str | None = None,
+                          source_language: str = "", target_language: str = "", **decoding) -> pb.GenerateResponse:
         """The server's GenerateResponse itself (`seqserve generate --json` prints it)."""
-        return self.stub.Generate(pb.GenerateRequest(input=input, options=options(**decoding),
+        return self.stub.Generate(pb.GenerateRequest(input=input, options=options(**decoding), model=self._model(model),
                                                      source_language=source_language, target_language=target_language),
                                   timeout=timeout or self.timeout)
 
-    def stream(self, input: str, *, timeout: float | None = None, source_language: str = "",
+    def stream(self, input: str, *, timeout: float | None = None, model: str | None = None, source_language: str = "",
                target_language: str = "", **decoding) -> Iterator[Piece]:
         """Yields pieces as the server produces them; breaking out of the loop cancels the call."""
         text, ids = [], []
-        for m in self.stream_responses(input, timeout=timeout, source_language=source_language,
+        for m in self.stream_responses(input, timeout=timeout, model=model, source_language=source_language,
                                        target_language=target_language, **decoding):
             text.append(m.text)
             ids += m.token_ids
             final = _result(m, "".join(text), ids) if m.finish_reason else None
             yield Piece(m.text, list(m.token_ids), final)
 
-    def stream_responses(self, input: str, *, timeout: float | None = None, source_language: str = "",
-                         target_language: str = "", **decoding) -> Iterator[pb.GenerateStreamResponse]:
+    def stream_responses(self, input: str, *, timeout: float | None = None, model: str | None = None,
+                         source_language: str = "", target_language: str = "",
+                         **decoding) -> Iterator[pb.GenerateStreamResponse]:
         """The server's GenerateStreamResponse messages themselves; breaking out of the loop cancels the call."""
         call = self.stub.GenerateStream(pb.GenerateRequest(input=input, options=options(**decoding),
-                                                           source_language=source_language,
+                                                           model=self._model(model), source_language=source_language,
                                                            target_language=target_language),
                                         timeout=timeout or self.timeout)
         try:
@@ -205,20 +211,21 @@ class Client:
         finally:
             call.cancel()  # no-op once the stream ended; frees the server's row if the caller stopped early
 
-    def generate_batch(self, inputs: list[str], *, timeout: float | None = None, source_language: str = "",
-                       target_language: str = "", target_languages: list[str] | None = None,
+    def generate_batch(self, inputs: list[str], *, timeout: float | None = None, model: str | None = None,
+                       source_language: str = "", target_language: str = "", target_languages: list[str] | None = None,
                        **decoding) -> list[Result]:
         """target_languages: one target language per input (instead of target_language for all)."""
         m = self.stub.GenerateBatch(pb.GenerateBatchRequest(inputs=inputs, options=options(**decoding),
-                                                            source_language=source_language,
+                                                            model=self._model(model), source_language=source_language,
                                                             target_language=target_language,
                                                             target_languages=target_languages or []),
                                     timeout=timeout or self.timeout)
         return [_result(r, r.text, list(r.token_ids)) for r in m.results]
 
-    def model_info(self, timeout: float | None = None) -> dict:
-        m = self.stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=timeout or self.timeout)
-        return {"config": {k: getattr(v, v.WhichOneof("kind")) for k, v in m.config.items()},  # typed values
+    def model_info(self, timeout: float | None = None, model: str | None = None) -> dict:
+        m = self.stub.GetModelInfo(pb.GetModelInfoRequest(model=self._model(model)), timeout=timeout or self.timeout)
+        return {"model": m.model, "models": list(m.models), "memory_bytes": m.memory_bytes,
+                "config": {k: getattr(v, v.WhichOneof("kind")) for k, v in m.config.items()},  # typed values
                 "bundle_format_version": m.bundle_format_version, "variant": m.variant,
                 "execution_provider": m.execution_provider, "onnxruntime_version": m.onnxruntime_version,
                 "quality": dict(m.quality), "limits": {f.name: getattr(m.limits, f.name)

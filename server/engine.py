@@ -18,7 +18,7 @@ from seqserve.server import finish
 from seqserve.server.beam import BeamResult, Beams
 from seqserve.server.constraints import Constraints
 from seqserve.server.detokenizer import TextStream
-from seqserve.server.metrics import Metrics
+from seqserve.server.metrics import Metrics, ModelMetrics
 from seqserve.server.request import FinishReason, Request
 from seqserve.server.runner import Runner
 from seqserve.server.running import Running, views
@@ -30,7 +30,8 @@ log = logging.getLogger(__name__)
 
 
 class Engine(Stepping):
-    def __init__(self, runner: Runner, tokenizer: Tokenizer, scheduler: Scheduler, metrics: Metrics | None = None,
+    def __init__(self, runner: Runner, tokenizer: Tokenizer, scheduler: Scheduler,
+                 metrics: Metrics | ModelMetrics | None = None,
                  stream_interval: int = 1):
         super().__init__(runner, scheduler, metrics or Metrics())
         self.tokenizer = tokenizer

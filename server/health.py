@@ -26,7 +26,7 @@ class Health(HealthServicer):
 
     async def Watch(self, request, context) -> None:
         if self.watches >= self.max_watches:
-            self.metrics.rejected.labels("health_watches").inc()
+            self.metrics.rejected.labels("", "health_watches").inc()  # server-wide: no model
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"too many health Watch streams open "
                                                                     f"(max_health_watches={self.max_watches})")
         self.watches += 1
@@ -34,3 +34,10 @@ class Health(HealthServicer):
             await super().Watch(request, context)
         finally:
             self.watches -= 1
+
+    async def forget(self, service: str) -> None:
+        """A service (an unloaded model) is gone: Watch streams see SERVICE_UNKNOWN, Check answers NOT_FOUND."""
+        if self._gracefully_shutting_down:
+            return
+        await self._set(service, health_pb2.HealthCheckResponse.SERVICE_UNKNOWN)
+        self._server_status.pop(service, None)

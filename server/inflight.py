@@ -26,6 +26,7 @@ class Call:
         self.deadline = None if remaining is None else time.monotonic() + remaining
         self.rows: list[tuple[Request, asyncio.Queue]] = []
         self.bytes = 0  # its request's payload, held against max_inflight_bytes while the call lasts
+        self.model = None  # the ServedModel it runs on, once its request named one (service._model)
 
     def expired(self, now: float) -> bool:
         """Whether the call's deadline (less DEADLINE_SLACK_SECONDS) has passed."""

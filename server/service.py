@@ -17,16 +17,16 @@ import time
 import grpc
 
 from seqserve.contract.decoding import FLOAT_RANGES
+from seqserve.contract.languages import Languages
 from seqserve.server import options
 from seqserve.server.finish import ERROR_MESSAGE
-from seqserve.contract.languages import Languages
 from seqserve.server.handlers import Undecodable, add_generation_service
 from seqserve.server.inflight import Call, InFlight
 from seqserve.server.languages import LanguageRefused, RequestLanguages, resolve
 from seqserve.server.metrics import Metrics
-from seqserve.server.outbox import Outbox
 from seqserve.server.request import FinishReason, Request, Result, SamplingParams, Sequence
 from seqserve.server.scheduler import QueueFull
+from seqserve.server.served_model import ServedModel
 from seqserve.server.settings import Limits
 from seqserve.v1 import seqserve_pb2 as pb
 from seqserve.v1 import seqserve_pb2_grpc as pb_grpc
@@ -56,34 +56,63 @@ def _check(ok: bool, message: str) -> None:
 
 
 class GenerationService(pb_grpc.GenerationServicer):
-    def __init__(self, metrics: Metrics) -> None:
+    def __init__(self, metrics: Metrics, max_inflight_bytes: int) -> None:
         self.metrics = metrics
-        self.engine = self.tokenizer = self.limits = self.info = None
-        self.defaults = options.NO_DEFAULTS  # the model's generation defaults: options a request leaves unset take them
-        self.languages: Languages | None = None  # a multilingual model's (the manifest's)
-        self._max_chars = 0  # inputs longer than this cannot fit max_input_tokens: refused before tokenising
-        self.outbox: Outbox | None = None  # the engine's events for this event loop
+        self.models: dict[str, ServedModel] = {}  # the models taking calls, by name
+        self.opened = False  # the first model was opened: from then on an empty table means none is served
+        self.max_inflight_bytes = max_inflight_bytes  # server-wide: every model's calls together
         self.draining = False
         self.held: asyncio.Event | None = None  # the drain's last moment: new calls wait for it before their answer
         self.inflight = InFlight(metrics)
 
     def open(self, engine, tokenizer, limits: Limits, model: dict,
-             defaults: SamplingParams = options.NO_DEFAULTS) -> None:
-        """Starts answering generation calls (the app calls it once the model is loaded and warmed up). defaults: the
-        model's generation defaults, which options a request leaves unset take."""
-        self.tokenizer, self.limits, self.defaults = tokenizer, limits, defaults
-        self._max_chars = limits.max_input_tokens * max(map(len, tokenizer.get_vocab())) * _CHARS_PER_TOKEN_SLACK
+             defaults: SamplingParams = options.NO_DEFAULTS, name: str = "", memory_bytes: int = 0
+             ) -> ServedModel | None:
+        """Starts answering generation calls for a model (the app calls it once the model is loaded and warmed up).
+        defaults: the model's generation defaults, which options a request leaves unset take. Returns the model's
+        earlier version it replaces (to drain), if any."""
+        max_chars = limits.max_input_tokens * max(map(len, tokenizer.get_vocab())) * _CHARS_PER_TOKEN_SLACK
         config = {k: _config_value(v) for k, v in model.pop("config").items()}
-        self.info = pb.ModelInfo(limits=pb.Limits(**dataclasses.asdict(limits)), config=config,
-                                 option_ranges=_option_ranges(), **model)
-        self.languages = Languages.from_dict(engine.runner.manifest.languages)
-        if self.languages is not None:
-            self.info.languages.update(self.languages.codes)
-            self.info.source_language_placement = self.languages.source_placement
-        self.metrics.model.info({"provider": model["execution_provider"], "variant": model["variant"],
-                                 "bundle_format_version": str(model["bundle_format_version"]),
-                                 "onnxruntime_version": model["onnxruntime_version"]})
-        self.engine = engine
+        info = pb.ModelInfo(limits=pb.Limits(**dataclasses.asdict(limits)), config=config,
+                            option_ranges=_option_ranges(), model=name, memory_bytes=memory_bytes, **model)
+        metrics = self.metrics.for_model(name)
+        metrics.model.info({"provider": model["execution_provider"], "variant": model["variant"],
+                            "bundle_format_version": str(model["bundle_format_version"]),
+                            "onnxruntime_version": model["onnxruntime_version"]})
+        metrics.model_memory.set(memory_bytes)
+        metrics.model_state.set(1)
+        served = ServedModel(name, engine, tokenizer, limits, info, defaults, max_chars, metrics, memory_bytes)
+        served.languages = Languages.from_dict(engine.runner.manifest.languages)  # a multilingual model's
+        if served.languages is not None:
+            info.languages.update(served.languages.codes)
+            info.source_language_placement = served.languages.source_placement
+        earlier, self.models[name] = self.models.get(name), served
+        self.opened = True
+        return earlier
+
+    def remove(self, name: str) -> ServedModel | None:
+        """The model takes no new call from now on (NOT_FOUND); its calls in flight carry on. Returns it to drain."""
+        served = self.models.pop(name, None)
+        if served is not None:
+            served.metrics.model_state.set(0)
+        return served
+
+    @property
+    def one(self) -> ServedModel | None:
+        """The one model (None while loading, or when several are served): the one-model path and its tests."""
+        return next(iter(self.models.values())) if len(self.models) == 1 else None
+
+    @property
+    def engine(self):
+        return None if self.one is None else self.one.engine
+
+    @property
+    def limits(self) -> Limits | None:
+        return None if self.one is None else self.one.limits
+
+    @property
+    def tokenizer(self):
+        return None if self.one is None else self.one.tokenizer
 
     def add_to(self, server: grpc.aio.Server) -> None:
         add_generation_service(self, server)  # the generated handlers, with decoders that never raise
@@ -115,7 +144,7 @@ class GenerationService(pb_grpc.GenerationServicer):
             except Rejected as exc:
                 code, message = exc.code, exc.message
                 if exc.reason:
-                    self.metrics.rejected.labels(exc.reason).inc()
+                    self.metrics.rejected.labels(_label(call), exc.reason).inc()
             except (asyncio.CancelledError, GeneratorExit):  # the client went away, or its deadline passed
                 code = Code.DEADLINE_EXCEEDED if call.expired(time.monotonic()) else Code.CANCELLED
                 raise
@@ -124,18 +153,20 @@ class GenerationService(pb_grpc.GenerationServicer):
                 code, message = Code.INTERNAL, ERROR_MESSAGE  # the log has the exception: the client sees no repr
             finally:
                 call.release()
-                self.metrics.requests.labels(method, code.name).inc()
+                self.metrics.requests.labels(_label(call), method, code.name).inc()
                 if timed:
-                    self.metrics.request_duration.labels(method).observe(time.monotonic() - start)
+                    self.metrics.request_duration.labels(_label(call), method).observe(time.monotonic() - start)
             if code is not Code.OK:
                 await context.abort(code, message)
         finally:
+            if call.model is not None:
+                call.model.leave(call)
             self.inflight.leave(call)
 
     def _admit(self, call: Call, method: str, request) -> None:
         """Refuses a call before any work: the server is not ready or draining, the request could not be decoded,
-        or its bytes would take the calls in flight beyond max_inflight_bytes."""
-        if self.draining or self.engine is None:
+        it names no served model, or its bytes would take the calls in flight beyond max_inflight_bytes."""
+        if self.draining or not self.opened:
             raise Rejected(Code.UNAVAILABLE, "the server is shutting down" if self.draining else
                            "the model is still loading", "draining" if self.draining else "not_ready")
         if isinstance(request, Undecodable):
@@ -143,22 +174,40 @@ class GenerationService(pb_grpc.GenerationServicer):
                         request.reason)
             raise Rejected(Code.INVALID_ARGUMENT, f"the request is not a valid {method} message: {request.reason}",
                            "undecodable")
-        size, most = request.ByteSize(), self.limits.max_inflight_bytes
+        call.model = self._model(request.model)
+        call.model.enter(call)
+        size, most = request.ByteSize(), self.max_inflight_bytes
         if not self.inflight.hold(call, size, most):
             raise Rejected(Code.RESOURCE_EXHAUSTED, f"too many request bytes in flight: {self.inflight.bytes} held "
                                                     f"and this call has {size} (max_inflight_bytes={most})",
                            "inflight_bytes")
 
+    def _model(self, name: str) -> ServedModel:
+        """The model a request names; empty names the one model (with several it is required)."""
+        served = ", ".join(sorted(self.models)) or "none (every model was unloaded)"
+        if not name:
+            if len(self.models) == 1:
+                return next(iter(self.models.values()))
+            if not self.models:
+                raise Rejected(Code.NOT_FOUND, f"no model is served now; the models are: {served}", "unknown_model")
+            raise Rejected(Code.INVALID_ARGUMENT, f"model must be set: this server serves several models ({served})",
+                           "invalid_argument")
+        model = self.models.get(name)
+        if model is None:
+            raise Rejected(Code.NOT_FOUND, f"model {name!r} is not served here; the models are: {served}",
+                           "unknown_model")
+        return model
+
     async def Generate(self, request: pb.GenerateRequest, context) -> pb.GenerateResponse:
         async with self._call("Generate", context, request) as call:
-            params, langs = self._params(request.options), self._languages(request)
+            params, langs = self._params(call, request.options), self._languages(call, request)
             row = self._new_request(call, request.input, "input", params, stream=False, langs=langs)
             self._submit(call, [row])
             return _response(await self._result(call.rows[0][1]))
 
     async def GenerateStream(self, request: pb.GenerateRequest, context):
         async with self._call("GenerateStream", context, request) as call:
-            params, langs = self._params(request.options), self._languages(request)
+            params, langs = self._params(call, request.options), self._languages(call, request)
             row = self._new_request(call, request.input, "input", params, stream=True, langs=langs)
             self._submit(call, [row])
             queue = call.rows[0][1]
@@ -183,10 +232,10 @@ class GenerationService(pb_grpc.GenerationServicer):
 
     async def GenerateBatch(self, request: pb.GenerateBatchRequest, context) -> pb.GenerateBatchResponse:
         async with self._call("GenerateBatch", context, request) as call:
-            n, most = len(request.inputs), self.limits.max_batch_inputs
+            n, most = len(request.inputs), call.model.limits.max_batch_inputs
             _check(n > 0, "inputs must not be empty")
             _check(n <= most, f"inputs has {n} entries, more than max_batch_inputs={most}")
-            params, langs = self._params(request.options), self._batch_languages(request)
+            params, langs = self._params(call, request.options), self._batch_languages(call, request)
             rows = [self._new_request(call, text, f"inputs[{i}]", params, stream=False, langs=langs[i])
                     for i, text in enumerate(request.inputs)]
             self._submit(call, rows)
@@ -194,70 +243,69 @@ class GenerationService(pb_grpc.GenerationServicer):
             return pb.GenerateBatchResponse(results=[_response(r) for r in results])
 
     async def GetModelInfo(self, request: pb.GetModelInfoRequest, context) -> pb.ModelInfo:
-        async with self._call("GetModelInfo", context, request, timed=False):
-            return self.info
+        async with self._call("GetModelInfo", context, request, timed=False) as call:
+            info = pb.ModelInfo()
+            info.CopyFrom(call.model.info)
+            info.models[:] = sorted(self.models)
+            return info
 
-    def _params(self, o: pb.DecodingOptions) -> SamplingParams:
+    def _params(self, call: Call, o: pb.DecodingOptions) -> SamplingParams:
         """Validated decoding options (INVALID_ARGUMENT names the field); the seed is chosen per input."""
         try:
-            return options.sampling_params(o, self.limits, self.defaults,
-                                           forced_eos=self.engine.constraints.forced_eos is not None)
+            return options.sampling_params(o, call.model.limits, call.model.defaults,
+                                           forced_eos=call.model.engine.constraints.forced_eos is not None)
         except options.InvalidOption as exc:
             raise Rejected(Code.INVALID_ARGUMENT, str(exc), "invalid_argument") from None
 
-    def _languages(self, request) -> RequestLanguages | None:
+    def _languages(self, call: Call, request) -> RequestLanguages | None:
         """The request's source and target languages, checked against the model's (server/languages.py)."""
         try:
-            return resolve(self.languages, request.source_language, request.target_language)
+            return resolve(call.model.languages, request.source_language, request.target_language)
         except LanguageRefused as exc:
             raise Rejected(Code.INVALID_ARGUMENT, str(exc), "invalid_argument") from None
 
-    def _batch_languages(self, request: pb.GenerateBatchRequest) -> list[RequestLanguages | None]:
+    def _batch_languages(self, call: Call, request: pb.GenerateBatchRequest) -> list[RequestLanguages | None]:
         """Each input's languages: target_languages[i] when the call names one per input, else target_language."""
         n, targets = len(request.inputs), list(request.target_languages)
         if not targets:
-            return [self._languages(request)] * n
+            return [self._languages(call, request)] * n
         _check(len(targets) == n, f"target_languages has {len(targets)} entries; it must be empty or have one per "
                                   f"input ({n})")
         _check(not request.target_language, "target_language and target_languages cannot both be set")
         try:
-            return [resolve(self.languages, request.source_language, target, f"target_languages[{i}]")
+            return [resolve(call.model.languages, request.source_language, target, f"target_languages[{i}]")
                     for i, target in enumerate(targets)]
         except LanguageRefused as exc:
             raise Rejected(Code.INVALID_ARGUMENT, str(exc), "invalid_argument") from None
 
     def _new_request(self, call: Call, text: str, field: str, params: SamplingParams, stream: bool,
                      langs: RequestLanguages | None = None) -> Request:
+        model = call.model
         _check(text.strip() != "", f"{field} must not be empty or whitespace")
-        most = self.limits.max_input_tokens
-        _check(len(text) <= self._max_chars, f"{field} has {len(text)} characters, more than "
+        most = model.limits.max_input_tokens
+        _check(len(text) <= model.max_chars, f"{field} has {len(text)} characters, more than "
                                              f"max_input_tokens={most} tokens can hold")
-        ids = self.tokenizer.encode(text).ids
+        ids = model.tokenizer.encode(text).ids
         if langs is not None:  # the source language token, where the model's tokenizer puts it
-            ids = self.languages.source_ids(ids, langs.source)
+            ids = model.languages.source_ids(ids, langs.source)
         _check(len(ids) <= most, f"{field} has {len(ids)} tokens, more than max_input_tokens={most}")
         if params.seed is None:
             params = dataclasses.replace(params, seed=secrets.randbits(64))  # returned to the client
-        return Request(ids, params, sink=self._outbox(), stream=stream, deadline=call.deadline,
-                       forced_bos=None if langs is None else langs.target_token)
-
-    def _outbox(self) -> Outbox:
-        """The sink for requests of this event loop (made on the loop, once)."""
-        if self.outbox is None:
-            self.outbox = Outbox(asyncio.get_running_loop())
-        return self.outbox
+        return Request(ids, params, sink=model.outbox_for(asyncio.get_running_loop()), stream=stream,
+                       deadline=call.deadline, forced_bos=None if langs is None else langs.target_token)
 
     def _submit(self, call: Call, rows: list[Request]) -> None:
         """Queues every row or none: a call the queue cannot take whole gets RESOURCE_EXHAUSTED at once."""
-        scheduler = self.engine.scheduler
+        engine = call.model.engine
+        scheduler = engine.scheduler
         free = scheduler.cfg.max_waiting - scheduler.n_waiting  # only this loop adds, so it can only grow meanwhile
         if len(rows) > free:
             raise Rejected(Code.RESOURCE_EXHAUSTED, f"queue full: {scheduler.n_waiting} requests waiting "
                                                     f"(max_waiting={scheduler.cfg.max_waiting})", "queue_full")
         for row in rows:
-            queue = self.outbox.open(row)
+            queue = row.sink.open(row)
             try:
-                self.engine.submit(row)
+                engine.submit(row)
             except QueueFull as exc:  # cannot happen after the check above; kept so a call never half-queues
                 raise Rejected(Code.RESOURCE_EXHAUSTED, f"queue full: {exc}", "queue_full") from exc
             call.rows.append((row, queue))
@@ -269,6 +317,11 @@ class GenerationService(pb_grpc.GenerationServicer):
             if event.result is not None:
                 _raise_for_end(event.result)
                 return event.result
+
+
+def _label(call: Call) -> str:
+    """The call's model label: its model's name, or "" when it was refused before naming a served one."""
+    return "" if call.model is None else call.model.name
 
 
 def _raise_for_end(result: Result) -> None:

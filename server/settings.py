@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
@@ -23,6 +24,7 @@ LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 DEFAULT_MAX_NEW_TOKENS = 64  # used when a request leaves max_new_tokens unset (clipped to the cap)
 MIN_TOKEN_CHARS = 16  # shorter bearer tokens are refused at start: they could be guessed
 KiB, MiB = 1 << 10, 1 << 20
+MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")  # a model's name: a health service and label value too
 
 
 class SettingsError(ValueError):
@@ -35,7 +37,15 @@ def _opt(default, help: str, repr: bool = True, **extra):
 
 @dataclass(frozen=True)
 class Settings:
-    bundle: Path | None = _opt(None, "bundle directory written by `seqserve export` (required)", type=Path)
+    bundle: Path | tuple[str, ...] | None = _opt(
+        None, "a bundle directory written by `seqserve export`, served under the directory's name; NAME=DIR names "
+              "it. Repeat it to serve several models (the variable: comma-separated). This or --model-repository is "
+              "required", type=str, action="append")
+    model_repository: Path | None = _opt(None, "a directory whose every verified bundle subdirectory is a model named "
+                                               "after it (hidden ones are skipped); SIGHUP re-reads it: new and "
+                                               "changed bundles are loaded, removed ones drain", type=Path)
+    memory_budget_bytes: int = _opt(0, "host memory all served models may take together (GetModelInfo.memory_bytes "
+                                       "each); a model beyond it is refused at load. 0 = no budget", type=int)
     bind: str = _opt("127.0.0.1", "address the gRPC server binds: 127.0.0.1 = this machine only; containers set "
                                   "0.0.0.0")
     port: int = _opt(DEFAULT_PORT, "gRPC port (0 picks a free one and logs it)", type=int)
@@ -117,10 +127,24 @@ class Settings:
             raise SettingsError("; ".join(problems))
 
     def _problems(self):
-        if self.bundle is None:
-            yield f"the bundle is required: --bundle or {env_name('bundle')}"
-        elif not (Path(self.bundle) / "manifest.json").is_file():
-            yield f"bundle {self.bundle}: no manifest.json there (--bundle / {env_name('bundle')})"
+        specs = [self.bundle] if isinstance(self.bundle, (str, Path)) else list(self.bundle or ())
+        if len(specs) == 1 and not _named(str(specs[0])):  # one plain directory stays a Path
+            object.__setattr__(self, "bundle", Path(specs[0]))
+        elif specs:  # NAME=DIR specs, or several directories
+            object.__setattr__(self, "bundle", tuple(map(str, specs)))
+        if not self.bundle and self.model_repository is None:
+            yield f"the bundle is required: --bundle or {env_name('bundle')} (or --model-repository)"
+        elif self.bundle and self.model_repository is not None:
+            yield f"{_names('bundle')} and {_names('model_repository')} exclude each other"
+        elif self.model_repository is not None and not Path(self.model_repository).is_dir():
+            yield f"{_names('model_repository')}: no directory at {self.model_repository}"
+        else:
+            try:
+                for name, path in self.bundles().items():
+                    if not (path / "manifest.json").is_file():
+                        yield f"bundle {path}: no manifest.json there (model {name!r}; --bundle / {env_name('bundle')})"
+            except SettingsError as exc:
+                yield str(exc)
         for name, lo, hi in (("port", 0, 65535), ("metrics_port", -1, 65535), ("intra_op_threads", 0, None),
                              ("inter_op_threads", 0, None), ("max_batch_size", 1, None), ("max_waiting", 1, None),
                              ("max_kv_tokens", 1, None), ("encode_batch", 1, None), ("stream_interval", 1, None),
@@ -128,6 +152,7 @@ class Settings:
                              ("default_max_new_tokens", 1, None), ("max_stop_strings", 0, None),
                              ("max_batch_inputs", 1, None), ("max_num_beams", 1, None), ("max_top_logprobs", 0, None),
                              ("max_health_watches", 0, None), ("max_pending_calls", 1, None),
+                             ("memory_budget_bytes", 0, None),
                              ("grace_seconds", 0, None), ("drain_backlog_seconds", 0, None),
                              ("max_stop_string_bytes", 1, None), ("max_stop_bytes", 1, None),
                              ("max_receive_message_bytes", 1024, None), ("max_inflight_bytes", 1024, None)):
@@ -159,6 +184,17 @@ class Settings:
             self.tokens()
         except SettingsError as exc:
             yield str(exc)
+
+    def bundles(self) -> dict[str, Path]:
+        """The --bundle models by name, in the order given (empty with --model-repository: repository.scan)."""
+        models: dict[str, Path] = {}
+        for spec in [self.bundle] if isinstance(self.bundle, Path) else self.bundle or ():
+            name, path = bundle_spec(str(spec))
+            if name in models:
+                raise SettingsError(f"model {name!r} is named twice ({_names('bundle')}): name them apart with "
+                                    "NAME=DIR")
+            models[name] = path
+        return models
 
     def tokens(self) -> frozenset[str]:
         """The accepted bearer tokens (empty: authentication is off), from the file and the variable together."""
@@ -223,6 +259,24 @@ class Limits:
     max_top_logprobs: int
 
 
+def bundle_spec(spec: str) -> tuple[str, Path]:
+    """`NAME=DIR` or `DIR` -> (name, path). A bare directory is named after itself, as a model repository names its
+    subdirectories (Triton's convention), so `--bundle artifacts/bundle` serves the model `bundle`."""
+    name, _, path = spec.partition("=")
+    if not _named(spec):
+        name, path = os.path.basename(os.path.abspath(spec)), spec
+    if not MODEL_NAME.fullmatch(name):
+        raise SettingsError(f"model name {name!r} ({_names('bundle')}: {spec}): use letters, digits, '.', '_' and "
+                            "'-', starting with a letter or digit")
+    return name, Path(path)
+
+
+def _named(spec: str) -> bool:
+    """Whether a --bundle value is NAME=DIR (a path that merely holds "=" has a "/" before it)."""
+    name, sep, _ = spec.partition("=")
+    return bool(sep) and "/" not in name
+
+
 def env_name(name: str) -> str:
     return ENV_PREFIX + name.upper()
 
@@ -265,6 +319,8 @@ def load(flags: dict | argparse.Namespace | None = None, environ: dict | None = 
             values[f.name] = flags[f.name]
         elif environ.get(env_name(f.name), "") != "":
             values[f.name] = _parse_env(f, environ[env_name(f.name)])
-    if values.get("bundle") is not None:
-        values["bundle"] = Path(values["bundle"])
+    if isinstance(values.get("bundle"), str):  # the variable: comma-separated specs
+        values["bundle"] = tuple(spec.strip() for spec in values["bundle"].split(",") if spec.strip())
+    if values.get("model_repository") is not None:
+        values["model_repository"] = Path(values["model_repository"])
     return Settings(**values)

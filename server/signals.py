@@ -1,4 +1,4 @@
-"""SIGTERM and SIGINT from the first moment of `seqserve serve`.
+"""SIGTERM and SIGINT (and SIGHUP, which re-reads the models) from the first moment of `seqserve serve`.
 
 Importing onnxruntime and grpc takes about half a second, before the event loop (and its signal handlers) exists; a
 signal then would end the process with Python's default action (exit -15). `hold` installs handlers that only
@@ -9,13 +9,19 @@ from __future__ import annotations
 import signal
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
+RELOAD = signal.SIGHUP  # re-read the models (its default action would end the process)
 _received: list[int] = []
 
 
 def hold() -> None:
-    """Remember SIGTERM/SIGINT until the event loop's handlers take over (call it before the slow imports)."""
-    for sig in SIGNALS:
+    """Remember SIGTERM/SIGINT/SIGHUP until the event loop's handlers take over (call it before the slow imports)."""
+    for sig in (*SIGNALS, RELOAD):
         signal.signal(sig, _remember)
+
+
+def reload_asked() -> bool:
+    """A SIGHUP came before the event loop's handler: the models are re-read once serving."""
+    return RELOAD in _received
 
 
 def _remember(signum: int, frame) -> None:
@@ -23,4 +29,4 @@ def _remember(signum: int, frame) -> None:
 
 
 def received() -> bool:
-    return bool(_received)
+    return any(sig in SIGNALS for sig in _received)

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 import numpy as np
 
 from seqserve.server import finish
-from seqserve.server.metrics import Metrics
+from seqserve.server.metrics import Metrics, ModelMetrics
 from seqserve.server.request import FinishReason, Request, RequestStatus
 from seqserve.server.runner import Runner
 from seqserve.server.scheduler import Plan, Scheduler
@@ -27,13 +27,15 @@ log = logging.getLogger("seqserve.server.engine")
 
 
 class Stepping:
-    def __init__(self, runner: Runner, scheduler: Scheduler, metrics: Metrics) -> None:
-        self.runner, self.scheduler, self.metrics = runner, scheduler, metrics
+    def __init__(self, runner: Runner, scheduler: Scheduler, metrics: Metrics | ModelMetrics) -> None:
+        self.runner, self.scheduler = runner, scheduler
+        # an offline engine (verify, bench) is given the whole Metrics: its model label is then ""
+        self.metrics = metrics if isinstance(metrics, ModelMetrics) else metrics.for_model("")
         self._sinks: set = set()  # sinks that got events this step: flushed once at its end
         self._ended_waiting: list[Request] = []  # waiting requests this engine ended (their encoder failed)
         self._ended: list[Request] = []  # running requests ended this step: the next schedule retires them
         self._fresh: list[Request] = []  # requests admitted this step: their first token comes from this step
-        self._gauges = (None, None, None)  # the last values set: a gauge is set only when it changes
+        self.gauges = (None, None, None)  # rows running, requests waiting, KV bytes, as the last step set them
         self._last_step_at: float | None = None
         self.after_step: Callable[[], None] | None = None  # tests hold the engine thread here between steps
         self._wake = threading.Condition()
@@ -180,10 +182,10 @@ class Stepping:
             self._sinks.add(r.sink)
         self._ended_waiting.clear()
         gauges = (self.runner.slots.n_live, self.scheduler.n_waiting, self.runner.nbytes)
-        if gauges != self._gauges:
+        if gauges != self.gauges:
             for gauge, value in zip((self.metrics.running, self.metrics.waiting, self.metrics.kv_cache_bytes), gauges):
                 gauge.set(value)
-            self._gauges = gauges
+            self.gauges = gauges
         if not self.runner.slots.n_live:
             self._last_step_at = None  # an idle gap is not an inter-token latency
         for sink in self._sinks:

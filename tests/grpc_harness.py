@@ -72,7 +72,9 @@ class Served:
         return self._gate
 
     def metric(self, name: str, **labels) -> float:
-        return self.app.metrics.registry.get_sample_value(name, labels) or 0.0
+        """The sum of the samples with these labels (whatever their other labels: every metric has `model`)."""
+        return sum(s.value for family in self.app.metrics.registry.collect() for s in family.samples
+                   if s.name == name and labels.items() <= s.labels.items())
 
     def stop(self) -> None:
         self.channel.close()

@@ -9,7 +9,8 @@ need no Python; tests/deploy/test_grafana_dashboard.py fails when it differs fro
 
     .venv/bin/python deploy/grafana/dashboard.py        # rewrite the JSON after editing the panels below
 
-Each panel shows every replica (legend: its instance) and the total over the replicas picked in $instance.
+Each panel shows every replica (legend: its instance) and the total over the replicas picked in $instance and the
+models picked in $model (a server may serve several: every metric has a `model` label).
 Metric names are taken from server/metrics.py's objects, never spelled here; tests/deploy check each query against
 a live Prometheus.
 """
@@ -32,16 +33,16 @@ from seqserve.server.metrics import Metrics
 OUT = Path(__file__).resolve().parent / "dashboards" / "seqserve.json"
 UID = "seqserve"
 DATASOURCE = DataSourceRef(type_val="prometheus", uid="prometheus")  # provisioning/datasources/prometheus.yml
-SELECTED = 'instance=~"$instance"'  # the replicas picked in the $instance variable (all by default)
+SELECTED = 'instance=~"$instance", model=~"$model"'  # the replicas and models picked in the variables (all by default)
 WINDOW = "$__rate_interval"
 QUANTILES = (0.5, 0.95, 0.99)
 M = Metrics()  # server/metrics.py: the only place a metric is named
 
 
 def series(metric) -> str:
-    """The name a metric of server/metrics.py is exported under (a counter's with _total)."""
+    """The name a metric of server/metrics.py is exported under (a counter's with _total, an info's with _info)."""
     family = metric.describe()[0]
-    return family.name + ("_total" if family.type == "counter" else "")
+    return family.name + {"counter": "_total", "info": "_info"}.get(family.type, "")
 
 
 @dataclass(frozen=True)
@@ -142,6 +143,9 @@ def build() -> dict:
              .timezone("browser").editable()
              .with_variable(dash.QueryVariable("instance").label("replica").datasource(DATASOURCE)
                             .query('label_values(up{job="seqserve"}, instance)').multi(True).include_all(True)
+                            .all_value(".*").refresh(VariableRefresh.ON_TIME_RANGE_CHANGED))
+             .with_variable(dash.QueryVariable("model").label("model").datasource(DATASOURCE)
+                            .query(f"label_values({series(M.model)}, model)").multi(True).include_all(True)
                             .all_value(".*").refresh(VariableRefresh.ON_TIME_RANGE_CHANGED)))
     for row, charts in ROWS.items():
         board = board.with_row(dash.Row(row))

@@ -72,7 +72,9 @@ class Replica:
                 for family in text_string_to_metric_families(text) for s in family.samples}
 
     def count(self, name: str, **labels) -> float:
-        return self.metrics().get((name, *sorted(labels.items())), 0.0)
+        """The sum of the samples with these labels (whatever their other labels: every metric has `model`)."""
+        return sum(value for (sample, *pairs), value in self.metrics().items()
+                   if sample == name and set(labels.items()) <= set(pairs))
 
     def terminate(self, timeout: float = 60) -> int:
         """SIGTERM, as `docker stop` and Kubernetes send it; returns the exit code once drained."""

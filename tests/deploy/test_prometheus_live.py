@@ -135,7 +135,7 @@ def live(tiny_bundle, tmp_path_factory):
 def _panel_queries() -> dict[str, str]:
     """Every dashboard query as Grafana sends it with all replicas picked: {"panel / refId": PromQL}."""
     return {f"{p['title']} / {t['refId']}": t["expr"].replace("$__rate_interval", "1m").replace("$instance", ".*")
-            for p in DASHBOARD["panels"] for t in p.get("targets", [])}
+            .replace("$model", ".*") for p in DASHBOARD["panels"] for t in p.get("targets", [])}
 
 
 def _rule_queries() -> dict[str, str]:
@@ -161,7 +161,7 @@ def _returning_data(prometheus: Prometheus, queries: dict[str, str], timeout: fl
     return missing
 
 
-def test_every_dashboard_panel_query_returns_data(live):
+def test_every_dashboard_panel_query_returns_data(live, tiny_bundle):
     queries = _panel_queries()
     panels = {name.split(" / ")[0] for name in queries}
     assert _returning_data(live, queries) == {}
@@ -173,6 +173,10 @@ def test_every_dashboard_panel_query_returns_data(live):
     variable = DASHBOARD["templating"]["list"][0]
     match = re.fullmatch(r"label_values\((.+), (\w+)\)", variable["query"])
     assert len(live.api(f"label/{match.group(2)}/values", **{"match[]": match.group(1)})) == 2
+    model = DASHBOARD["templating"]["list"][1]  # the model picker: the served model's name
+    match = re.fullmatch(r"label_values\((.+), (\w+)\)", model["query"])
+    named = live.api(f"label/{match.group(2)}/values", **{"match[]": match.group(1)})
+    assert named == [tiny_bundle.name]  # --bundle DIR: the model is named after DIR
 
 
 def test_every_recording_rule_and_alert_returns_data(live):

@@ -63,3 +63,18 @@ def test_failures_are_grouped_by_status_code(server, loadtest, tmp_path):
         assert {r["Error"] for r in csv.DictReader(f)} == {"INVALID_ARGUMENT"}
     assert sum(server.metric("seqserve_requests_total", method=m, code="INVALID_ARGUMENT") for m in METHODS) == \
         summary["requests"]
+
+
+def test_a_run_targets_one_model_of_several_by_name(tiny_bundle, tmp_path):
+    server = Served((f"en-de={tiny_bundle}", f"de-en={tiny_bundle}")).wait_ready()
+    try:
+        code = main(["loadtest", "--target", server.address, "--heldout", str(tiny_bundle), "--users", "2",
+                     "--duration", "2s", "--report-dir", str(tmp_path), "--max-new-tokens", "3", "--model", "de-en",
+                     "--max-failure-rate", "0"])
+        summary = json.loads((tmp_path / "summary.json").read_text())
+        assert code == 0 and summary["requests"] > 0 and summary["failures"] == 0
+        assert sum(server.metric("seqserve_requests_total", model="de-en", method=m, code="OK") for m in METHODS) \
+            == summary["requests"]
+        assert server.metric("seqserve_requests_total", model="en-de") == 0
+    finally:
+        server.stop()

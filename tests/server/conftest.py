@@ -38,7 +38,7 @@ def make_server(tiny_bundle):
     servers = []
 
     def make(app_class=App, ready: bool = True, **overrides) -> Served:
-        s = Served(tiny_bundle, app_class=app_class, **overrides)
+        s = Served(overrides.pop("bundle", tiny_bundle), app_class=app_class, **overrides)  # bundle: NAME=DIR specs
         servers.append(s)
         return s.wait_ready() if ready else s
 

@@ -204,5 +204,6 @@ def test_undecodable_health_and_reflection_requests_are_invalid_argument_and_log
     stub = health_pb2_grpc.HealthStub(channel)
     assert stub.Check(health_pb2.HealthCheckRequest(), timeout=10).status == health_pb2.HealthCheckResponse.SERVING
     listed = stub.List(health_pb2.HealthListRequest(), timeout=10).statuses  # implemented, not UNKNOWN
-    serving = health_pb2.HealthCheckResponse.SERVING
-    assert {name: r.status for name, r in listed.items()} == {"": serving, "seqserve.v1.Generation": serving}
+    serving = health_pb2.HealthCheckResponse.SERVING  # the server, its service, and its one model by name
+    assert {name: r.status for name, r in listed.items()} == {"": serving, "seqserve.v1.Generation": serving,
+                                                             "seqserve.v1.Generation/tiny-bundle": serving}

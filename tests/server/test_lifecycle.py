@@ -109,7 +109,7 @@ def test_metric_values_move_as_requests_complete(served, heldout):
     assert served.metric("seqserve_running_requests") == 0
     text = urllib.request.urlopen(f"http://127.0.0.1:{served.app.metrics_port}/metrics", timeout=10).read().decode()
     assert re.search(rf'seqserve_model_info\{{[^}}]*provider="{PROVIDER}"[^}}]*variant="fp32"', text)
-    assert 'seqserve_requests_total{code="OK",method="Generate"}' in text
+    assert 'seqserve_requests_total{code="OK",method="Generate",model="tiny-bundle"}' in text  # every metric: its model
 
 
 SLOW_SERVE = """
@@ -211,6 +211,6 @@ def test_importing_the_server_does_not_import_torch():
 
 def test_warm_up_is_not_counted_as_traffic(make_server):
     s = make_server()
-    assert s.app.engine.metrics is s.app.metrics  # the exported registry is back in place after warm-up
+    assert s.app.engine.metrics.registry is s.app.metrics.registry  # the exported registry is back after warm-up
     assert s.metric("seqserve_input_tokens_total") == s.metric("seqserve_generated_tokens_total") == 0
     assert s.metric("seqserve_decoder_step_duration_seconds_count") == 0

@@ -86,7 +86,7 @@ class GenerationServicer:
         raise NotImplementedError('Method not implemented!')
 
     def GetModelInfo(self, request, context):
-        """Describes the loaded model, where it runs, and the server's limits.
+        """Describes one served model (GetModelInfoRequest.model), where it runs, and the server's limits.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

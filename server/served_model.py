@@ -1,0 +1,60 @@
+"""One served model as the gRPC edge sees it: its engine, tokenizer, limits, ModelInfo, and its calls in flight.
+
+The service keeps one per name; a changed or removed model leaves the service's table at once (new calls go to its
+new version, or get NOT_FOUND) and drains: its calls in flight finish on its own engine, which then stops.
+"""
+from __future__ import annotations
+
+import asyncio
+
+from seqserve.contract.languages import Languages
+from seqserve.server.inflight import Call
+from seqserve.server.metrics import ModelMetrics
+from seqserve.server.outbox import Outbox
+from seqserve.server.request import SamplingParams
+from seqserve.server.settings import Limits
+
+
+class ServedModel:
+    def __init__(self, name: str, engine, tokenizer, limits: Limits, info, defaults: SamplingParams,
+                 max_chars: int, metrics: ModelMetrics, memory_bytes: int = 0) -> None:
+        self.name, self.engine, self.tokenizer, self.limits = name, engine, tokenizer, limits
+        self.info, self.defaults, self.max_chars, self.metrics = info, defaults, max_chars, metrics
+        self.memory_bytes = memory_bytes
+        self.languages: Languages | None = None  # a multilingual model's (the manifest's), set by the service
+        self.outbox: Outbox | None = None  # the engine's events for the service's event loop (made there, once)
+        self.calls: set[Call] = set()  # calls in flight on this model
+        self._idle: asyncio.Event | None = None
+
+    def outbox_for(self, loop: asyncio.AbstractEventLoop) -> Outbox:
+        if self.outbox is None:
+            self.outbox = Outbox(loop)
+        return self.outbox
+
+    def enter(self, call: Call) -> None:
+        self.calls.add(call)
+
+    def leave(self, call: Call) -> None:
+        self.calls.discard(call)
+        if not self.calls and self._idle is not None:
+            self._idle.set()
+
+    async def wait_idle(self, timeout: float) -> bool:
+        """True once none of this model's calls is in flight, False if the timeout came first."""
+        if not self.calls:
+            return True
+        if self._idle is None:
+            self._idle = asyncio.Event()
+        self._idle.clear()  # calls are in flight: the last to leave sets it
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+            return True
+        except TimeoutError:
+            return False
+
+    def abort(self) -> int:
+        """This model's calls still in flight end UNAVAILABLE (as InFlight.abort does for the whole server)."""
+        for call in self.calls:
+            for row, _ in call.rows:
+                row.cancel()
+        return len(self.calls)
