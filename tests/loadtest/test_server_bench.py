@@ -87,3 +87,11 @@ def test_an_inputs_file_gives_the_sources_of_a_bundle_without_a_heldout_split(tm
 def test_a_bundle_without_a_heldout_split_and_no_inputs_file_is_refused_naming_the_option(tmp_path):
     with pytest.raises(ValueError, match="--inputs FILE"):
         server_bench.input_texts(_config(tmp_path))
+
+
+def test_every_call_asks_for_greedy_decoding_as_the_offline_row_whatever_the_model_defaults():
+    """An imported opus-mt defaults to num_beams 4, and num_beams 0 means the model's default: the client sends 1."""
+    from seqserve.loadtest import bench_streams
+
+    options = bench_streams.decoding_options(MAX_NEW)
+    assert (options.num_beams, options.max_new_tokens, options.min_new_tokens) == (1, MAX_NEW, MAX_NEW)
