@@ -6,7 +6,8 @@ Two phases against one running server:
     count (the /metrics counter seqserve_generated_tokens_total, read at both ends of the window);
   * sequential: one call at a time (concurrency 1), each call's latency from sending to its last message.
 Every call asks for min_new_tokens = max_new_tokens, so each generates exactly that many tokens; the counts of
-calls by generated length are reported, so a call that was cut short shows.
+calls by generated length are reported, so a call that was cut short shows. Every call is greedy, as the offline
+engine row it is compared with, even where the model's defaults say beam search (an imported opus-mt: num_beams 4).
 """
 from __future__ import annotations
 
@@ -45,8 +46,13 @@ def run(load: StreamLoad) -> dict:
     return asyncio.run(_run(load))
 
 
+def decoding_options(max_new_tokens: int) -> pb.DecodingOptions:
+    """Greedy, exactly max_new_tokens: num_beams 0 would take the model's default, so 1 is sent."""
+    return pb.DecodingOptions(max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens, num_beams=1)
+
+
 async def _run(load: StreamLoad) -> dict:
-    options = pb.DecodingOptions(max_new_tokens=load.max_new_tokens, min_new_tokens=load.max_new_tokens)
+    options = decoding_options(load.max_new_tokens)
     async with grpc.aio.insecure_channel(load.address) as channel:
         stub = pb_grpc.GenerationStub(channel)
         concurrent = await _concurrent(stub, load, options)

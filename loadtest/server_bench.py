@@ -58,6 +58,7 @@ class ServerBenchConfig:
     client_core: int = 1
     threads: int = 1  # intra-op threads, server and offline engine
     startup_timeout_s: float = 300.0
+    inputs: Path | None = None  # one source text per line, instead of the bundle's held-out split (an imported model)
     out: Path | None = None
     markdown: Path | None = None
 
@@ -76,6 +77,8 @@ class ServerBenchConfig:
                  "--sequential-requests", str(self.sequential_requests), "-n", str(self.num_inputs),
                  "--server-core", str(self.server_core), "--client-core", str(self.client_core), "--threads",
                  str(self.threads)]
+        if self.inputs is not None:
+            parts += ["--inputs", str(self.inputs)]
         return shlex.join(parts)
 
 
@@ -145,19 +148,31 @@ def uptime() -> str:
     return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
 
 
+def input_texts(cfg: ServerBenchConfig) -> list[str]:
+    """The first --num-inputs sources: --inputs' non-blank lines, else the bundle's held-out split."""
+    if cfg.inputs is not None:
+        texts = [line.strip() for line in cfg.inputs.read_text(encoding="utf-8").splitlines() if line.strip()]
+        if not texts:
+            raise ValueError(f"--inputs {cfg.inputs} has no non-blank line")
+        return texts[: cfg.num_inputs]
+    texts = [text for text, _ in heldout_pairs(cfg.bundle, cfg.num_inputs)]
+    if not texts:
+        raise ValueError(f"{cfg.bundle} has no held-out inputs (heldout.tsv; an imported model has none): "
+                         "give --inputs FILE, one source per line")
+    return texts
+
+
 def bench(cfg: ServerBenchConfig) -> dict:
     manifest = load_manifest(cfg.bundle)
     if cfg.max_new_tokens > int(manifest.max_new_tokens):
         raise ValueError(f"--max-new-tokens {cfg.max_new_tokens} exceeds the bundle's cap {manifest.max_new_tokens}")
-    pairs = heldout_pairs(cfg.bundle, cfg.num_inputs)
-    if not pairs:
-        raise ValueError(f"{cfg.bundle} has no held-out inputs (heldout.tsv)")
+    texts = input_texts(cfg)
     tokenizer = load_tokenizer(cfg.bundle / manifest.tokenizer["file"])
-    sources = [tokenizer.encode(text).ids for text, _ in pairs]
+    sources = [tokenizer.encode(text).ids for text in texts]
     before, machine = uptime(), bench_report.machine()
     engine = offline(cfg, sources)
     with served(cfg) as (argv, address, metrics_url):
-        load = bench_streams.StreamLoad(address, metrics_url, [text for text, _ in pairs], cfg.streams, cfg.warmup_s,
+        load = bench_streams.StreamLoad(address, metrics_url, texts, cfg.streams, cfg.warmup_s,
                                         cfg.duration_s, cfg.max_new_tokens, cfg.sequential_requests, cfg.client_core)
         client = _pinned(cfg.client_core, bench_streams.run, load)
     batched, one = engine[f"b{cfg.max_batch_size}"], engine["b1"]
@@ -197,7 +212,7 @@ def markdown_section(report: dict) -> str:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     d = argparse.Namespace(**{f.name: f.default for f in fields(ServerBenchConfig)})  # the defaults, unvalidated
-    p.add_argument("--bundle", required=True, help="bundle directory (its heldout.tsv gives the inputs)")
+    p.add_argument("--bundle", required=True, help="bundle directory (its heldout.tsv gives the inputs unless --inputs)")
     p.add_argument("--variant", default=d.variant, help="precision variant, served and offline")
     p.add_argument("--streams", type=int, default=d.streams, help="concurrent streams of the timed phase")
     p.add_argument("--max-batch-size", type=int, default=d.max_batch_size, help="the server's and the offline batch")
@@ -206,7 +221,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warmup", type=float, default=d.warmup_s, help="seconds of load before the timed window")
     p.add_argument("--duration", type=float, default=d.duration_s, help="seconds of the timed window")
     p.add_argument("--sequential-requests", type=int, default=d.sequential_requests, help="concurrency-1 calls")
-    p.add_argument("-n", "--num-inputs", type=int, default=d.num_inputs, help="held-out inputs (first N)")
+    p.add_argument("-n", "--num-inputs", type=int, default=d.num_inputs, help="inputs (first N)")
+    p.add_argument("--inputs", help="source texts, one per line (default: the bundle's heldout.tsv)")
     p.add_argument("--server-core", type=int, default=d.server_core, help="core of the server and offline engine")
     p.add_argument("--client-core", type=int, default=d.client_core, help="core of the gRPC client")
     p.add_argument("--threads", type=int, default=d.threads, help="intra-op threads (server and offline engine)")
@@ -222,7 +238,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = ServerBenchConfig(Path(a.bundle), a.variant, a.streams, a.max_batch_size, a.max_new_tokens, a.warmup,
                                 a.duration, a.sequential_requests, a.num_inputs, a.server_core, a.client_core,
-                                a.threads, out=path(a.out), markdown=path(a.markdown))
+                                a.threads, inputs=path(a.inputs), out=path(a.out),
+                                markdown=path(a.markdown))
         report = bench(cfg)
     except (ValueError, FileNotFoundError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)

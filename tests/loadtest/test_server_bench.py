@@ -66,3 +66,32 @@ def test_the_report_names_the_pinning_the_load_and_the_command(report):
 def test_the_server_and_the_client_need_two_different_cores(tiny_bundle, capsys):
     assert server_bench.main(["--bundle", str(tiny_bundle), "--server-core", "0", "--client-core", "0"]) == 2
     assert "two different cores" in capsys.readouterr().err
+
+
+def _config(bundle, **kw):
+    cores = sorted(os.sched_getaffinity(0))[:2]
+    return server_bench.ServerBenchConfig(bundle, server_core=cores[0], client_core=cores[1], **kw)
+
+
+@needs_two_cores
+def test_an_inputs_file_gives_the_sources_of_a_bundle_without_a_heldout_split(tmp_path):
+    """An imported model's bundle has no heldout.tsv: --inputs names the sources, one per line, blank lines skipped."""
+    inputs = tmp_path / "sources.txt"
+    inputs.write_text("Hello world.\n\n  Zwölf Boxkämpfer jagen Viktor.  \nThe third.\n", encoding="utf-8")
+    cfg = _config(tmp_path, num_inputs=2, inputs=inputs)
+    assert server_bench.input_texts(cfg) == ["Hello world.", "Zwölf Boxkämpfer jagen Viktor."]
+    assert cfg.command().endswith(f" --inputs {inputs}")
+
+
+@needs_two_cores
+def test_a_bundle_without_a_heldout_split_and_no_inputs_file_is_refused_naming_the_option(tmp_path):
+    with pytest.raises(ValueError, match="--inputs FILE"):
+        server_bench.input_texts(_config(tmp_path))
+
+
+def test_every_call_asks_for_greedy_decoding_as_the_offline_row_whatever_the_model_defaults():
+    """An imported opus-mt defaults to num_beams 4, and num_beams 0 means the model's default: the client sends 1."""
+    from seqserve.loadtest import bench_streams
+
+    options = bench_streams.decoding_options(MAX_NEW)
+    assert (options.num_beams, options.max_new_tokens, options.min_new_tokens) == (1, MAX_NEW, MAX_NEW)
