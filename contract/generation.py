@@ -15,10 +15,11 @@ Decisions (what a transformers user expects from `model.generate(**inputs)` with
 """
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
+
+from seqserve.contract.jsonfile import read_object
 
 GENERATION_CONFIG = "generation_config.json"
 HF_DEFAULT_MAX_LENGTH = 20  # transformers' GenerationConfig default when neither max_length nor max_new_tokens is set
@@ -186,15 +187,7 @@ def from_generation_config(generation: dict, model_config: dict | None = None) -
 
 
 def _read(path: Path) -> dict:
-    if not path.is_file():
-        raise GenerationConfigError(f"{path}: missing")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise GenerationConfigError(f"{path}: not valid JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise GenerationConfigError(f"{path}: must be a JSON object")
-    return data
+    return read_object(path, GenerationConfigError)
 
 
 def _is_int(value) -> bool:

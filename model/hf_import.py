@@ -11,7 +11,6 @@ Every refusal is an ImportRefused (a ValueError: `seqserve import` exits 2) nami
 """
 from __future__ import annotations
 
-import json
 import shutil
 import sys
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ from tqdm import tqdm
 
 from seqserve.contract.generation import GenerationConfigError, GenerationDefaults
 from seqserve.contract.generation import load as load_generation
+from seqserve.contract.jsonfile import read_object
 from seqserve.contract.languages import LANGUAGES_FILE, Languages
 from seqserve.model import checkpoint as ck
 from seqserve.model.config import ModelConfig
@@ -69,15 +69,7 @@ ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "silu": "silu", "swish": "silu"}
 
 
 def _read_json(path: Path) -> dict:
-    if not path.is_file():
-        raise ImportRefused(f"{path}: missing (a Hugging Face model directory as save_pretrained writes it)")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ImportRefused(f"{path}: not valid JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise ImportRefused(f"{path}: must be a JSON object")
-    return data
+    return read_object(path, ImportRefused, "missing (a Hugging Face model directory as save_pretrained writes it)")
 
 
 def read_hf_config(hf_dir: Path) -> tuple[str, dict]:

@@ -11,11 +11,11 @@ transformers, sentencepiece and protobuf are imported inside the functions: only
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
+from seqserve.contract.jsonfile import read_object
 from seqserve.contract.languages import PREFIX, SUFFIX, Languages
 
 MARIAN, BART, M2M100, MBART = "marian", "bart", "m2m_100", "mbart"
@@ -77,15 +77,7 @@ def model_type(hf_dir: Path) -> str:
 
 
 def _read_json(path: Path) -> dict:
-    if not path.is_file():
-        raise TokenizerImportError(f"{path}: missing")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise TokenizerImportError(f"{path}: not valid JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise TokenizerImportError(f"{path}: must be a JSON object")
-    return data
+    return read_object(path, TokenizerImportError)
 
 
 # -- Marian -----------------------------------------------------------------------------------------------------
