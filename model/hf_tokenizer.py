@@ -214,6 +214,14 @@ def bart_tokenizer(hf_dir: Path) -> Tokenizer:
     for name in ("vocab.json", "merges.txt"):
         if not (hf_dir / name).is_file() and not (hf_dir / "tokenizer.json").is_file():
             raise TokenizerImportError(f"{hf_dir / name}: missing (and no tokenizer.json)")
+    _, tok = _backend(hf_dir)
+    tok.no_padding()
+    tok.no_truncation()
+    return tok
+
+
+def _backend(hf_dir: Path) -> tuple[object, Tokenizer]:
+    """transformers' own tokenizer of the directory, and a copy of its `tokenizers` backend."""
     from transformers import AutoTokenizer
 
     original = AutoTokenizer.from_pretrained(str(hf_dir))
@@ -221,10 +229,7 @@ def bart_tokenizer(hf_dir: Path) -> Tokenizer:
     if backend is None:
         raise TokenizerImportError(f"{hf_dir}: transformers loaded {type(original).__name__}, which has no "
                                    "`tokenizers` backend")
-    tok = Tokenizer.from_str(backend.to_str())
-    tok.no_padding()
-    tok.no_truncation()
-    return tok
+    return original, Tokenizer.from_str(backend.to_str())
 
 
 # -- NLLB, mBART-50, mBART (transformers 5 runs them on `tokenizers`) -------------------------------------------
@@ -236,16 +241,9 @@ def backend_multilingual(hf_dir: Path, class_name: str) -> tuple[Tokenizer, Lang
     first; mBART-cc25 after </s>."""
     import importlib
 
-    from transformers import AutoTokenizer
-
     package, module = BACKEND_MULTILINGUAL[class_name]
     codes = importlib.import_module(f"transformers.models.{package}.{module}").FAIRSEQ_LANGUAGE_CODES
-    original = AutoTokenizer.from_pretrained(str(hf_dir))
-    backend = getattr(original, "backend_tokenizer", None)
-    if backend is None:
-        raise TokenizerImportError(f"{hf_dir}: transformers loaded {type(original).__name__}, which has no "
-                                   "`tokenizers` backend")
-    tok = Tokenizer.from_str(backend.to_str())
+    original, tok = _backend(hf_dir)
     eos, eos_id = original.eos_token, original.eos_token_id
     tok.post_processor = processors.TemplateProcessing(single=f"$A {eos}", pair=f"$A $B {eos}",
                                                        special_tokens=[(eos, eos_id)])

@@ -15,56 +15,33 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
 
 import grpc
-import onnxruntime as ort
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
 
-from seqserve.contract.integrity import check_graphs, open_bundle
 from seqserve.server import signals
 from seqserve.server.auth import TokenAuth
-from seqserve.server.device import RuntimeConfig
 from seqserve.server.engine import Engine
 from seqserve.server.handlers import add_refusing
 from seqserve.server.health import Health
+from seqserve.server.loading import Loaded, load_model, model_info
 from seqserve.server.metrics import Metrics
 from seqserve.server.metrics_http import MetricsEndpoint
-from seqserve.server.model_defaults import default_max_new_tokens, info_entries, request_defaults
-from seqserve.server.repository import Source, memory_bytes, scan, split_threads
-from seqserve.server.request import Request, SamplingParams
+from seqserve.server.model_defaults import request_defaults
+from seqserve.server.repository import Source, scan, split_threads
 from seqserve.server.runner import Runner
-from seqserve.server.scheduler import Scheduler, SchedulerConfig
 from seqserve.server.served_model import ServedModel
 from seqserve.server.service import SERVICE_NAME, GenerationService
 from seqserve.server.settings import Settings, SettingsError, env_name
 from seqserve.server.tls import server_credentials
 
 log = logging.getLogger("seqserve")
-WARMUP_TEXT = "warm up"
 ABORT_SECONDS = 5.0  # after the grace period: how long calls get to send their UNAVAILABLE before server.stop
 QUIET_SECONDS = 0.1  # no new call for this long: gRPC's backlog of accepted calls is empty
 FLUSH_SECONDS = 1.0  # server.stop's own grace: lets the last statuses and responses reach their clients
 LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")
 SERVING, NOT_SERVING = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
-
-
-class ModelError(SettingsError):
-    """A model that cannot be loaded (over the memory budget, a broken bundle): at start the server exits with it;
-    on a reload that model alone is not loaded."""
-
-
-@dataclass
-class Loaded:
-    """A model the app loaded: where from, its runner and engine, what it may take in memory."""
-
-    source: Source
-    runner: Runner
-    engine: Engine
-    tokenizer: object
-    limits: object
-    memory_bytes: int
 
 
 def health_name(model: str) -> str:
@@ -129,7 +106,7 @@ class App:
         self._report_gauges(source.name)
         defaults = request_defaults(loaded.runner.manifest.generation, loaded.limits.default_max_new_tokens,
                                     loaded.limits.max_num_beams)  # the model's generation defaults
-        replaced = self.service.open(loaded.engine, loaded.tokenizer, loaded.limits, self._model_info(loaded.runner),
+        replaced = self.service.open(loaded.engine, loaded.tokenizer, loaded.limits, model_info(loaded.runner),
                                      defaults, name=source.name, memory_bytes=loaded.memory_bytes)
         await self.health.set(health_name(source.name), SERVING)
         if replaced is not None:
@@ -247,47 +224,8 @@ class App:
         self.metrics_port = self._http.port
 
     def _load(self, source: Source, threads: int, used: int) -> Loaded:
-        """Runs in a worker thread: the memory budget, onnxruntime sessions, tokenizer, engine, one warm-up."""
-        s, bundle = self.settings, source.path
-        manifest, tokenizer = open_bundle(bundle)
-        if s.variant in manifest.variants:  # probed on CPU too: an out-of-range gather may pass silently on a GPU
-            check_graphs(bundle, manifest, s.variant)
-        limits = s.limits(int(manifest.model["max_positions"]), int(manifest.max_new_tokens),
-                          default_max_new_tokens(manifest.generation))
-        memory = memory_bytes(bundle, manifest, s) if s.variant in manifest.variants else 0
-        if s.memory_budget_bytes and used + memory > s.memory_budget_bytes:
-            raise ModelError(f"model {source.name!r} refused: it may take {memory} bytes and the models already "
-                             f"loaded {used}, beyond --memory-budget-bytes / {env_name('memory_budget_bytes')} "
-                             f"{s.memory_budget_bytes}")
-        runtime = RuntimeConfig(device=s.device, intra_op_threads=threads,
-                                inter_op_threads=s.inter_op_threads, allow_spinning=s.allow_spinning,
-                                cuda_tf32=s.cuda_tf32)
-        runner = Runner(bundle, runtime, s.variant, capacity=s.max_batch_size, kv_cache=s.kv_cache)
-        scheduler = Scheduler(SchedulerConfig.from_settings(s, runner.cross_bytes_per_token))
-        engine = Engine(runner, tokenizer, scheduler, self.metrics.for_model(source.name),
-                        stream_interval=s.stream_interval)
-        self._warm_up(engine, tokenizer)
-        engine.start()
-        return Loaded(source, runner, engine, tokenizer, limits, memory)
-
-    def _warm_up(self, engine: Engine, tokenizer) -> None:
-        """One short generation before SERVING, so the first client does not pay for onnxruntime's first run."""
-        request = Request(tokenizer.encode(WARMUP_TEXT).ids, SamplingParams(max_new_tokens=2))
-        exported, engine.metrics = engine.metrics, Metrics().for_model("")  # warm-up is not traffic: off /metrics
-        try:
-            engine.generate([request])
-        finally:
-            engine.metrics = exported
-        if request.error is not None:
-            raise RuntimeError(f"warm-up generation failed: {request.error}")
-
-    def _model_info(self, runner: Runner) -> dict:
-        manifest = runner.manifest
-        quality = manifest.variants[runner.variant].get("quality", {})
-        return dict(config=dict(manifest.model) | info_entries(manifest.generation),
-                    bundle_format_version=manifest.format_version, variant=runner.variant,
-                    execution_provider=runner.provider, onnxruntime_version=ort.__version__,
-                    quality={k: float(v) for k, v in quality.items() if isinstance(v, (int, float))})
+        """Runs in a worker thread (server/loading.py): the memory budget, sessions, tokenizer, engine, warm-up."""
+        return load_model(self.settings, self.metrics, source, threads, used)
 
     async def _set_health(self, status) -> None:
         for service in ("", SERVICE_NAME):  # "" is the whole server, as load balancers ask

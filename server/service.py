@@ -1,6 +1,7 @@
 """The gRPC edge (grpc.aio): validate -> Request -> engine.submit -> await the engine's events -> protobuf.
 
-Protobuf stays at this edge: no other server module imports generated code (client.py is the client's side). Events
+Protobuf stays at this edge: only this module and responses.py (the result -> message builders) import generated
+code (client.py is the client's side). Events
 come from the engine thread through the Outbox (one loop hop per engine step) into one asyncio.Queue per request, so
 the event loop never waits on inference.
 """
@@ -9,14 +10,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import json
 import logging
 import secrets
 import time
 
 import grpc
 
-from seqserve.contract.decoding import FLOAT_RANGES
 from seqserve.contract.languages import Languages
 from seqserve.server import options
 from seqserve.server.finish import ERROR_MESSAGE
@@ -24,7 +23,8 @@ from seqserve.server.handlers import Undecodable, add_generation_service
 from seqserve.server.inflight import Call, InFlight
 from seqserve.server.languages import LanguageRefused, RequestLanguages, resolve
 from seqserve.server.metrics import Metrics
-from seqserve.server.request import FinishReason, Request, Result, SamplingParams, Sequence
+from seqserve.server.request import FinishReason, Request, Result, SamplingParams
+from seqserve.server.responses import config_value, option_ranges, response, summary
 from seqserve.server.scheduler import QueueFull
 from seqserve.server.served_model import ServedModel
 from seqserve.server.settings import Limits
@@ -34,9 +34,6 @@ from seqserve.v1 import seqserve_pb2_grpc as pb_grpc
 log = logging.getLogger(__name__)
 Code = grpc.StatusCode
 
-_FINISH = {FinishReason.EOS: pb.FINISH_REASON_EOS, FinishReason.LENGTH: pb.FINISH_REASON_LENGTH,
-           FinishReason.STOP: pb.FINISH_REASON_STOP, FinishReason.CANCELLED: pb.FINISH_REASON_CANCELLED,
-           FinishReason.DEADLINE: pb.FINISH_REASON_DEADLINE}
 _ABORTS = (FinishReason.DEADLINE, FinishReason.CANCELLED, FinishReason.ERROR)  # ends the call with a non-OK status
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Generation"].full_name  # seqserve.v1.Generation
 _CHARS_PER_TOKEN_SLACK = 4  # NFC may compose up to 3 characters into one, so this bound never rejects a valid input
@@ -72,9 +69,9 @@ class GenerationService(pb_grpc.GenerationServicer):
         defaults: the model's generation defaults, which options a request leaves unset take. Returns the model's
         earlier version it replaces (to drain), if any."""
         max_chars = limits.max_input_tokens * max(map(len, tokenizer.get_vocab())) * _CHARS_PER_TOKEN_SLACK
-        config = {k: _config_value(v) for k, v in model.pop("config").items()}
+        config = {k: config_value(v) for k, v in model.pop("config").items()}
         info = pb.ModelInfo(limits=pb.Limits(**dataclasses.asdict(limits)), config=config,
-                            option_ranges=_option_ranges(), model=name, memory_bytes=memory_bytes, **model)
+                            option_ranges=option_ranges(), model=name, memory_bytes=memory_bytes, **model)
         metrics = self.metrics.for_model(name)
         metrics.model.info({"provider": model["execution_provider"], "variant": model["variant"],
                             "bundle_format_version": str(model["bundle_format_version"]),
@@ -203,7 +200,7 @@ class GenerationService(pb_grpc.GenerationServicer):
             params, langs = self._params(call, request.options), self._languages(call, request)
             row = self._new_request(call, request.input, "input", params, stream=False, langs=langs)
             self._submit(call, [row])
-            return _response(await self._result(call.rows[0][1]))
+            return response(await self._result(call.rows[0][1]))
 
     async def GenerateStream(self, request: pb.GenerateRequest, context):
         async with self._call("GenerateStream", context, request) as call:
@@ -226,7 +223,7 @@ class GenerationService(pb_grpc.GenerationServicer):
                     yield piece
                     piece = pb.GenerateStreamResponse()
                 _raise_for_end(end.result)
-                piece.MergeFrom(pb.GenerateStreamResponse(**_summary(end.result)))
+                piece.MergeFrom(pb.GenerateStreamResponse(**summary(end.result)))
                 yield piece
                 return
 
@@ -240,7 +237,7 @@ class GenerationService(pb_grpc.GenerationServicer):
                     for i, text in enumerate(request.inputs)]
             self._submit(call, rows)
             results = [await self._result(queue) for _, queue in call.rows]  # all run at once in the engine
-            return pb.GenerateBatchResponse(results=[_response(r) for r in results])
+            return pb.GenerateBatchResponse(results=[response(r) for r in results])
 
     async def GetModelInfo(self, request: pb.GetModelInfoRequest, context) -> pb.ModelInfo:
         async with self._call("GetModelInfo", context, request, timed=False) as call:
@@ -332,38 +329,3 @@ def _raise_for_end(result: Result) -> None:
         raise Rejected(Code.DEADLINE_EXCEEDED, "the deadline passed before the generation finished")
     if result.finish_reason is FinishReason.CANCELLED:  # only the engine stopping cancels a row whose call is alive
         raise Rejected(Code.UNAVAILABLE, "the server stopped before this generation finished")
-
-
-def _summary(result: Result) -> dict:
-    return dict(finish_reason=_FINISH[result.finish_reason], seed=result.seed,
-                usage=pb.Usage(input_tokens=result.input_tokens, generated_tokens=result.generated_tokens),
-                timings=pb.Timings(queue_seconds=result.queue_seconds, first_token_seconds=result.first_token_seconds,
-                                   total_seconds=result.total_seconds),
-                sequences=[_sequence(s) for s in result.sequences])
-
-
-def _sequence(s: Sequence) -> pb.Sequence:
-    return pb.Sequence(text=s.text, token_ids=s.token_ids, finish_reason=_FINISH[s.finish_reason],
-                       cumulative_logprob=s.cumulative_logprob, score=s.score,
-                       logprobs=[pb.TokenLogprob(token_id=t.token_id, logprob=t.logprob, top_logprobs=[
-                           pb.TopLogprob(token_id=i, logprob=lp) for i, lp in t.top]) for t in s.logprobs])
-
-
-def _response(result: Result) -> pb.GenerateResponse:
-    return pb.GenerateResponse(text=result.text, token_ids=result.token_ids, **_summary(result))
-
-
-def _option_ranges() -> dict[str, pb.FloatRange]:
-    """Every float option's accepted range (contract/decoding.py), as GetModelInfo reports them."""
-    return {name: pb.FloatRange(min=r.lo, max=r.hi, min_exclusive=r.lo_open) for name, r in FLOAT_RANGES.items()}
-
-
-def _config_value(value) -> pb.ConfigValue:
-    """A model config value with its type (bool before int: a bool is an int in Python)."""
-    if isinstance(value, bool):
-        return pb.ConfigValue(bool_value=value)
-    if isinstance(value, int):
-        return pb.ConfigValue(int_value=value)
-    if isinstance(value, float):
-        return pb.ConfigValue(double_value=value)
-    return pb.ConfigValue(string_value=value if isinstance(value, str) else json.dumps(value))

@@ -10,6 +10,7 @@ What each failure ends (the client sees INTERNAL with finish.ERROR_MESSAGE, whic
 """
 from __future__ import annotations
 
+import abc
 import logging
 import threading
 import time
@@ -26,7 +27,7 @@ from seqserve.server.scheduler import Plan, Scheduler
 log = logging.getLogger("seqserve.server.engine")
 
 
-class Stepping:
+class Stepping(abc.ABC):
     def __init__(self, runner: Runner, scheduler: Scheduler, metrics: Metrics | ModelMetrics) -> None:
         self.runner, self.scheduler = runner, scheduler
         # an offline engine (verify, bench) is given the whole Metrics: its model label is then ""
@@ -42,12 +43,13 @@ class Stepping:
         self._stopping = False
         self._thread: threading.Thread | None = None
 
+    @abc.abstractmethod
     def step(self) -> None:
-        raise NotImplementedError
+        """One step of the engine (engine.py)."""
 
+    @abc.abstractmethod
     def _forget(self, r: Request) -> None:
         """The engine drops its per-request state."""
-        raise NotImplementedError
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="seqserve-engine", daemon=True)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import threading
 import time
 from pathlib import Path
@@ -147,3 +148,19 @@ def wait_for(predicate, timeout: float = 20, what: str = "condition") -> None:
 
 def request(text: str, **options) -> pb.GenerateRequest:
     return pb.GenerateRequest(input=text, options=pb.DecodingOptions(**options))
+
+
+def follow_log(proc) -> tuple[list[str], list[int], threading.Event]:
+    """Reads a `seqserve serve` process's log (stderr) in a thread: its lines so far, and its gRPC port once it logs
+    where it listens (the event is set then)."""
+    log, port, listening = [], [], threading.Event()
+
+    def read() -> None:
+        for line in proc.stderr:
+            log.append(line)
+            if m := re.search(r" on 127\.0\.0\.1:(\d+) \(", line):
+                port.append(int(m.group(1)))
+                listening.set()
+
+    threading.Thread(target=read, daemon=True).start()
+    return log, port, listening

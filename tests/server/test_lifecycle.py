@@ -13,7 +13,7 @@ from pathlib import Path
 import grpc
 import pytest
 from google.protobuf.descriptor_pool import DescriptorPool
-from grpc_harness import PROVIDER, request, wait_for
+from grpc_harness import PROVIDER, follow_log, request, wait_for
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 
@@ -35,9 +35,9 @@ def test_health_not_serving_until_warm_then_serving_then_draining(make_server, h
     gate = threading.Event()
 
     class GatedApp(App):
-        def _warm_up(self, engine, tokenizer):
+        def _load(self, *args):  # loading ends with the warm-up: held here, the server is not warm yet
             assert gate.wait(60), "the test never opened the gate"
-            super()._warm_up(engine, tokenizer)
+            return super()._load(*args)
 
     s = make_server(app_class=GatedApp, ready=False)
     assert _health(s.channel) == NOT_SERVING and _health(s.channel, SERVICE) == NOT_SERVING
@@ -132,17 +132,7 @@ def test_signal_drains_in_flight_calls_and_exits_0(tiny_bundle, heldout, sig):
     proc = subprocess.Popen([sys.executable, "-c", SLOW_SERVE, "serve", "--bundle", str(tiny_bundle), "--bind",
                              "127.0.0.1", "--port", "0", "--metrics-port", "-1"], cwd=REPO, env=env,
                             stderr=subprocess.PIPE, text=True)
-    log, port = [], []
-    listening = threading.Event()
-
-    def read_log():
-        for line in proc.stderr:
-            log.append(line)
-            if m := re.search(r" on 127\.0\.0\.1:(\d+) \(", line):
-                port.append(int(m.group(1)))
-                listening.set()
-
-    threading.Thread(target=read_log, daemon=True).start()
+    log, port, listening = follow_log(proc)
     try:
         assert listening.wait(60), "".join(log)
         with grpc.insecure_channel(f"127.0.0.1:{port[0]}") as channel:

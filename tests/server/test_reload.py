@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -17,7 +16,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from grpc_harness import wait_for
+from grpc_harness import follow_log, wait_for
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from seqserve.contract.manifest import DIGEST, MANIFEST, sha256_of
@@ -87,16 +86,7 @@ def test_sighup_loads_changes_and_removes_models_under_load_without_losing_a_cal
                              "--bind", "127.0.0.1", "--port", "0", "--metrics-port", "-1", "--device", "cpu",
                              "--intra-op-threads", "1", "--no-allow-spinning", "--grace-seconds", "30"],
                             cwd=REPO, env=env, stderr=subprocess.PIPE, text=True)
-    log, port, listening = [], [], threading.Event()
-
-    def read_log():
-        for line in proc.stderr:
-            log.append(line)
-            if m := re.search(r" on 127\.0\.0\.1:(\d+) \(", line):
-                port.append(int(m.group(1)))
-                listening.set()
-
-    threading.Thread(target=read_log, daemon=True).start()
+    log, port, listening = follow_log(proc)
     loops: list[Loop] = []
     try:
         assert listening.wait(120), "".join(log)
