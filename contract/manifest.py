@@ -12,6 +12,7 @@ from pathlib import Path
 
 from seqserve.contract import graph_check, names, schema
 from seqserve.contract.generation import GenerationConfigError, GenerationDefaults
+from seqserve.contract.jsonfile import MAX_JSON_DEPTH, depth
 from seqserve.contract.languages import Languages, LanguagesError
 
 FORMAT = "seqserve-bundle"
@@ -22,7 +23,7 @@ TOKENIZER = "tokenizer.json"
 VARIANTS = ("fp32", "int8", "fp16")
 # Bounds checked before anything is parsed: a real manifest is a few KiB and a few levels deep, a digest file one line.
 MAX_MANIFEST_BYTES = 1 << 20
-MAX_MANIFEST_DEPTH = 32
+MAX_MANIFEST_DEPTH = MAX_JSON_DEPTH
 MAX_DIGEST_BYTES = 4096
 
 
@@ -114,7 +115,7 @@ def load_manifest(directory: str | Path, check_files: bool = True) -> Manifest:
         raise BundleError(f"{path}: not valid JSON: {exc}") from None
     except RecursionError:
         raise BundleError(f"{path}: nested more than {MAX_MANIFEST_DEPTH} levels deep") from None
-    if _depth(data) > MAX_MANIFEST_DEPTH:
+    if depth(data) > MAX_MANIFEST_DEPTH:
         raise BundleError(f"{path}: nested more than {MAX_MANIFEST_DEPTH} levels deep")
     _check_schema(path, data)
     manifest = Manifest(**data)
@@ -132,19 +133,6 @@ def load_manifest(directory: str | Path, check_files: bool = True) -> Manifest:
         for entry in listed_files(manifest):
             check_file(directory, entry)
     return manifest
-
-
-def _depth(data) -> int:
-    """How deeply lists and objects nest, up to one level past the limit (iteratively: the schema checker and
-    json.dumps recurse)."""
-    deepest, todo = 0, [(data, 1)]
-    while todo:
-        node, depth = todo.pop()
-        if isinstance(node, (dict, list)):
-            deepest = max(deepest, depth)
-            if depth <= MAX_MANIFEST_DEPTH:  # deeper is refused anyway: no need to walk further
-                todo += [(child, depth + 1) for child in (node.values() if isinstance(node, dict) else node)]
-    return deepest
 
 
 def _check_schema(path: Path, data) -> None:
