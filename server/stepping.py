@@ -41,6 +41,7 @@ class Stepping(abc.ABC):
         self.after_step: Callable[[], None] | None = None  # tests hold the engine thread here between steps
         self._wake = threading.Condition()
         self._stopping = False
+        self._drained = threading.Event()  # set by the engine once stop's cancellations are done
         self._thread: threading.Thread | None = None
 
     @abc.abstractmethod
@@ -55,18 +56,33 @@ class Stepping(abc.ABC):
         self._thread = threading.Thread(target=self._loop, name="seqserve-engine", daemon=True)
         self._thread.start()
 
-    def stop(self, timeout: float = 10.0) -> None:
-        """Ends the loop; anything still queued or running finishes as CANCELLED (the service drained first)."""
+    def stop(self, timeout: float = 10.0) -> bool:
+        """Asks the engine to end. The engine thread itself ends whatever is still queued or running as CANCELLED
+        (the service drained first), between two steps, so no request is ever ended by two threads. True once that
+        is done; False if a step still runs after `timeout` s: the engine then drains itself when that step returns."""
         with self._wake:
             self._stopping = True
             self._wake.notify()
-        if self._thread is not None:
-            self._thread.join(timeout)
-        ended = [r for r in [*self.scheduler.waiting, *self.scheduler.running] if not r.done]
-        self.scheduler.drain(FinishReason.CANCELLED, time.monotonic())
-        for r in ended:
-            self.metrics.finished.labels(r.finish_reason.value).inc()
-            r.sink.flush()
+        if self._thread is None:  # never started (offline): no other thread touches its requests
+            self._drain()
+            return True
+        if not self._drained.wait(timeout):
+            log.warning("engine still in a step %.1fs after stop; it cancels its requests when the step returns",
+                        timeout)
+            return False
+        return True
+
+    def _drain(self) -> None:
+        """On the engine's own thread (or an engine never started): the requests still queued or running end
+        CANCELLED, each counted once, and the drained signal is set."""
+        try:
+            ended = [r for r in [*self.scheduler.waiting, *self.scheduler.running] if not r.done]
+            self.scheduler.drain(FinishReason.CANCELLED, time.monotonic())
+            for r in ended:
+                self.metrics.finished.labels(r.finish_reason.value).inc()
+                r.sink.flush()
+        finally:
+            self._drained.set()
 
     def _loop(self) -> None:
         while True:
@@ -74,7 +90,7 @@ class Stepping(abc.ABC):
                 while not self._stopping and not self.scheduler.has_work():
                     self._wake.wait()
                 if self._stopping:
-                    return
+                    break
             try:
                 self.step()
             except Exception:  # a bug outside any one request: never lose one, fail those still running
@@ -83,6 +99,7 @@ class Stepping(abc.ABC):
                 self._emit(Plan([], [], [], []))
             if self.after_step is not None:
                 self.after_step()
+        self._drain()
 
     def _each(self, items: Iterable, work: Callable) -> None:
         """work(item) for each item (a record, a request or a BeamResult) whose request still runs; an exception
