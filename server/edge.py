@@ -10,9 +10,9 @@ got its request is counted by the service (service.py `_call`), once.
 
 Core keeps the calls the event loop has not taken yet; one whose deadline passes there is still handed over when the
 loop takes it, and counted here. What no interceptor can count is what core answers itself, Python never seeing the
-call (src/core/server/server.cc): RESOURCE_EXHAUSTED past its pending-queue limit (--max-pending-calls), a call that
-waited there longer than grpc.server_max_unrequested_time_in_server (30 s by default), and the calls server.stop
-cancels (docs/security.md "Model repository and reload").
+call (grpc's src/core/server/server.cc): the calls past its pending-queue limit (--max-pending-calls) and those that
+waited there longer than grpc.server_max_unrequested_time_in_server (30 s by default), both CANCELLED, and the calls
+server.stop cancels (docs/security.md "Model repository and reload").
 """
 from __future__ import annotations
 

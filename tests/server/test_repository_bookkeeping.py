@@ -56,8 +56,8 @@ def test_a_model_rewritten_in_place_keeps_its_loaded_version_until_a_verified_on
     s.run_async(s.app.reload()).result(60)
     (repository / "m" / VERIFIED).unlink()  # and then gone, as a copy in progress may leave it
     s.run_async(s.app.reload()).result(60)
-    assert s.app.models["m"].engine is engine
     assert list(s.stub.Generate(request, timeout=30).token_ids) == expected  # OK, from the loaded version
+    assert s.app.models["m"].engine is engine
     assert _limit(s, "m") == served_limit
     assert health.Check(health_pb2.HealthCheckRequest(service="seqserve.v1.Generation/m"), timeout=10).status == \
         health_pb2.HealthCheckResponse.SERVING
