@@ -155,7 +155,8 @@ class App:
 
     async def reload(self) -> None:
         """SIGHUP: re-reads the models; loads new and changed ones (each warmed up before it takes calls), drains
-        removed ones. A model that fails to load is logged and left out; the others keep serving."""
+        removed ones (their directory gone). A model that fails to load, or whose directory holds no verified bundle
+        at the moment, is logged and its loaded version, if any, keeps serving; the others keep serving."""
         await self._started.wait()
         async with self._reload_lock:
             try:

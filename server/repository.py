@@ -53,15 +53,16 @@ def read_models(settings: Settings) -> Models:
         path = Path(entry.path)
         if entry.name.startswith(".") or not entry.is_dir():
             continue
+        has_manifest = (path / MANIFEST).is_file()
         if not MODEL_NAME.fullmatch(entry.name):
-            if (path / MANIFEST).is_file():
+            if has_manifest:
                 log.warning("model repository: skipped %s: not a valid model name (letters, digits, '.', '_', '-')",
                             path)
             continue
-        digest = verified_digest(path) if (path / MANIFEST).is_file() else None
+        digest = verified_digest(path)  # None without a manifest too
         if digest is None:
             unverified.add(entry.name)
-            if (path / MANIFEST).is_file():
+            if has_manifest:
                 log.warning("model repository: skipped %s: not verified (no verified.json naming its manifest; run "
                             "`seqserve verify %s`)", path, path)
             continue
