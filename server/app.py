@@ -22,6 +22,7 @@ from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
 
 from seqserve.server import signals
 from seqserve.server.auth import TokenAuth
+from seqserve.server.edge import Edge
 from seqserve.server.engine import Engine
 from seqserve.server.handlers import add_refusing
 from seqserve.server.health import Health
@@ -29,7 +30,7 @@ from seqserve.server.loading import Loaded, load_model, model_info
 from seqserve.server.metrics import Metrics
 from seqserve.server.metrics_http import MetricsEndpoint
 from seqserve.server.model_defaults import request_defaults
-from seqserve.server.repository import Source, scan, split_threads
+from seqserve.server.repository import Source, read_models, scan, split_threads
 from seqserve.server.runner import Runner
 from seqserve.server.served_model import ServedModel
 from seqserve.server.service import SERVICE_NAME, GenerationService
@@ -143,22 +144,31 @@ class App:
         if loaded is not None:
             await asyncio.to_thread(loaded.engine.stop)
             self._retiring.remove(loaded)
-        if gone and served.name not in self.models:  # not loaded again meanwhile
-            self.metrics.forget(served.name)
+        if served.name not in self.models and not self._draining(served.name):  # its last version's last call
+            self.metrics.forget(served.name)  # was counted: every series of that name leaves /metrics
             await self.health.forget(health_name(served.name))
         log.info("model %s: %s version drained and stopped", served.name, "removed" if gone else "replaced")
 
+    def _draining(self, name: str) -> bool:
+        """Whether a version of this model is still finishing its calls."""
+        return any(m.source.name == name for m in self._retiring)
+
     async def reload(self) -> None:
         """SIGHUP: re-reads the models; loads new and changed ones (each warmed up before it takes calls), drains
-        removed ones. A model that fails to load is logged and left out; the others keep serving."""
+        removed ones (their directory gone). A model that fails to load, or whose directory holds no verified bundle
+        at the moment, is logged and its loaded version, if any, keeps serving; the others keep serving."""
         await self._started.wait()
         async with self._reload_lock:
             try:
-                sources = scan(self.settings)
+                found = read_models(self.settings)
             except (OSError, SettingsError) as exc:
                 log.error("reload: cannot read the models: %s", exc)
                 return
-            for name in [n for n in self.models if n not in sources]:
+            sources = found.sources
+            for name in [n for n in self.models if n in found.unverified]:
+                log.warning("reload: model %s: its directory holds no verified bundle now (being rewritten?): its "
+                            "loaded version keeps serving until a verified one appears", name)
+            for name in [n for n in self.models if n not in sources and n not in found.unverified]:
                 await self.health.set(health_name(name), NOT_SERVING)
                 served = self.service.remove(name)
                 log.info("reload: model %s removed: it drains %d calls in flight", name, len(served.calls))
@@ -174,12 +184,15 @@ class App:
                     log.error("reload: model %s not loaded: %s", source.name, exc)
                     if current is None:  # the earlier version, if any, keeps serving
                         await self.health.forget(health_name(source.name))
+                        if not self._draining(source.name):  # the series its engine made before it failed
+                            self.metrics.forget(source.name)
             log.info("reload done: serving %s", ", ".join(sorted(self.models)) or "no model")
 
     async def _listen(self) -> None:
         s = self.settings
         tokens = s.tokens()
         interceptors = [TokenAuth(tokens, self.metrics, SERVICE_NAME, s.auth_exempt_health)] if tokens else []
+        interceptors.append(Edge(self.metrics, SERVICE_NAME))  # innermost: a call auth refused is counted once
         # so_reuseport off: a second server on a taken port must fail, not silently share it. gRPC core keeps calls
         # the event loop has not taken yet; past its soft limit (default 1,000) it drops some at random and past
         # its hard limit (3,000) all, CANCELLED and unseen by the service: one limit for both, max_pending_calls.

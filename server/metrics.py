@@ -58,13 +58,17 @@ class Metrics:
         return ModelMetrics(self, name)
 
     def forget(self, name: str) -> None:
-        """A model was unloaded: its gauges and info leave /metrics (counters and histograms stay: a rate over them
-        still covers the time it served)."""
-        for gauge in (self.running, self.waiting, self.kv_cache_bytes, self.model_memory, self.model_state, self.model):
-            try:
-                gauge.remove(name)
-            except KeyError:
-                pass
+        """A model was unloaded and its last call counted: every series labelled with its name leaves /metrics
+        (a rate over a counter still covers the time it served: Prometheus keeps the samples it scraped), so
+        serving ever new names does not grow the exposition or the process."""
+        for metric in vars(self).values():
+            names = getattr(metric, "_labelnames", ())  # prometheus_client keeps a metric's label names here
+            if names[:1] != (MODEL,):
+                continue
+            found = {tuple(s.labels[n] for n in names) for family in metric.collect() for s in family.samples
+                     if s.labels.get(MODEL) == name}
+            for values in found:
+                metric.remove(*values)
 
 
 class _Labelled:

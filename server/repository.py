@@ -3,7 +3,9 @@
 A model repository is Triton's layout: each subdirectory is one bundle, named after the subdirectory. Only verified
 bundles are taken (verified.json names the manifest's sha256, written last by `seqserve verify`), so a bundle still
 being copied in is never loaded half-written; hidden subdirectories (`.staging`) are skipped, so a copy can be made
-there and renamed into place. A bundle whose manifest digest changed is a new version of its model.
+there and renamed into place. A bundle whose manifest digest changed is a new version of its model. A model leaves
+only when its subdirectory does: one still there without a verified bundle (rewritten in place, its verified.json
+stale or missing) is `unverified`, and its loaded version keeps serving until a verified one appears.
 """
 from __future__ import annotations
 
@@ -28,25 +30,44 @@ class Source:
     digest: str  # the manifest's sha256: a new digest under the same name is a changed bundle
 
 
+@dataclass(frozen=True)
+class Models:
+    """What one read of the settings' models found."""
+
+    sources: dict[str, Source]  # the verified bundles, by name (sorted): the models to serve
+    unverified: frozenset[str]  # model subdirectories there without a verified bundle now (being copied or rewritten)
+
+
 def scan(settings: Settings) -> dict[str, Source]:
     """The models to serve now, by name (sorted), as the settings name them."""
+    return read_models(settings).sources
+
+
+def read_models(settings: Settings) -> Models:
+    """The models to serve now, and the model subdirectories that hold no verified bundle at this moment."""
     if settings.model_repository is None:
-        return {name: Source(name, path, sha256_of(path / MANIFEST)) for name, path in settings.bundles().items()}
-    sources = {}
+        return Models({name: Source(name, path, sha256_of(path / MANIFEST))
+                       for name, path in settings.bundles().items()}, frozenset())
+    sources, unverified = {}, set()
     for entry in sorted(os.scandir(settings.model_repository), key=lambda e: e.name):
         path = Path(entry.path)
-        if entry.name.startswith(".") or not entry.is_dir() or not (path / MANIFEST).is_file():
+        if entry.name.startswith(".") or not entry.is_dir():
             continue
+        has_manifest = (path / MANIFEST).is_file()
         if not MODEL_NAME.fullmatch(entry.name):
-            log.warning("model repository: skipped %s: not a valid model name (letters, digits, '.', '_', '-')", path)
+            if has_manifest:
+                log.warning("model repository: skipped %s: not a valid model name (letters, digits, '.', '_', '-')",
+                            path)
             continue
-        digest = verified_digest(path)
+        digest = verified_digest(path)  # None without a manifest too
         if digest is None:
-            log.warning("model repository: skipped %s: not verified (no verified.json naming its manifest; run "
-                        "`seqserve verify %s`)", path, path)
+            unverified.add(entry.name)
+            if has_manifest:
+                log.warning("model repository: skipped %s: not verified (no verified.json naming its manifest; run "
+                            "`seqserve verify %s`)", path, path)
             continue
         sources[entry.name] = Source(entry.name, path, digest)
-    return sources
+    return Models(sources, frozenset(unverified))
 
 
 def split_threads(threads: int, models: int) -> int:
