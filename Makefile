@@ -7,7 +7,7 @@ ARTIFACTS ?= artifacts
 CHECKPOINT ?= $(ARTIFACTS)/default
 BUNDLE ?= $(ARTIFACTS)/bundle
 GRPC_PORT ?= 50051
-METRICS_PORT ?= 9090
+METRICS_PORT ?= 50052
 PYTEST_ARGS ?=
 # Intra-op threads of torch and onnxruntime for train, verify, serve and test. Unset: train, verify and serve use
 # one per core, tests use 1. On a machine busy with other work, THREADS=1 keeps them from oversubscribing the cores.
