@@ -20,11 +20,13 @@ THREADS_ENV := $(if $(THREADS),OMP_NUM_THREADS=$(THREADS))
 .DELETE_ON_ERROR:
 .PHONY: venv test serve train export verify protos clean
 
-# The venv is rebuilt whenever pyproject.toml changes.
+# The venv is rebuilt whenever pyproject.toml changes. pip prints each package it fetches (no -q): the first
+# install takes minutes and should not look stuck.
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[train,loadtest,bench,hf,dev]'
+	@echo "Installing seqserve and its extras into $(VENV) (torch, onnxruntime, transformers: a few minutes)"
+	$(PY) -m pip install --upgrade --progress-bar on pip
+	$(PY) -m pip install --progress-bar on -e '.[train,loadtest,bench,hf,dev]'
 	touch $@
 
 venv: $(VENV)/.installed
