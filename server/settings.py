@@ -269,15 +269,16 @@ def bundle_spec(spec: str) -> tuple[str, Path]:
     if not _named(spec):
         name, path = os.path.basename(os.path.abspath(spec)), spec
     if not MODEL_NAME.fullmatch(name):
+        either = f" (and no directory {spec} exists)" if _named(spec) and "/" in name else ""
         raise SettingsError(f"model name {name!r} ({_names('bundle')}: {spec}): use letters, digits, '.', '_' and "
-                            "'-', starting with a letter or digit")
+                            f"'-', starting with a letter or digit{either}")
     return name, Path(path)
 
 
 def _named(spec: str) -> bool:
-    """Whether a --bundle value is NAME=DIR (a path that merely holds "=" has a "/" before it)."""
-    name, sep, _ = spec.partition("=")
-    return bool(sep) and "/" not in name
+    """Whether a --bundle value is NAME=DIR: it holds "=" and is not itself an existing path (a directory whose name
+    holds "="), so a bad NAME (`bad/name=DIR`) is refused with the naming rule rather than looked for as a path."""
+    return "=" in spec and not os.path.exists(spec)
 
 
 def env_name(name: str) -> str:
