@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Family:
-    """How one model_type differs from the seeds' Transformer (DESIGN: "Pretrained encoder-decoders")."""
+    """How one model_type differs from the original Transformer (DESIGN: "Pretrained encoder-decoders")."""
 
     positions: str
     position_offset: int
