@@ -1,5 +1,5 @@
-"""The Hugging Face architectures `seqserve import` reads, by config.json's model_type: the one table of them (torch-free,
-so `seqserve --help` lists them without loading torch)."""
+"""The Hugging Face architectures `seqserve import` reads, by config.json's model_type: the one table of them
+(torch-free, so `seqserve --help` lists them without loading torch)."""
 from __future__ import annotations
 
 from dataclasses import dataclass

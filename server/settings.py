@@ -22,9 +22,7 @@ from seqserve.server.flags import flag as _flag
 ENV_PREFIX = "SEQSERVE_"
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 DEFAULT_MAX_NEW_TOKENS = 64  # used when a request leaves max_new_tokens unset (clipped to the cap)
-# The gRPC port's neighbour: 9090-9999 belong to Prometheus, its Pushgateway/Alertmanager and the exporters (Prometheus's
-# "default port allocations"), 8000-8002 to Triton; Debian's prometheus package holds 9090 (docs/deploy.md "Ports").
-DEFAULT_METRICS_PORT = 50052
+DEFAULT_METRICS_PORT = 50052  # beside gRPC's; 9090-9999 are Prometheus's and its exporters' (docs/deploy.md#ports)
 MIN_TOKEN_CHARS = 16  # shorter bearer tokens are refused at start: they could be guessed
 KiB, MiB = 1 << 10, 1 << 20
 MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")  # a model's name: a health service and label value too
@@ -54,7 +52,8 @@ class Settings:
     port: int = _opt(DEFAULT_PORT, "gRPC port (0 picks a free one and logs it)", type=int)
     metrics_bind: str = _opt("127.0.0.1", "address the Prometheus /metrics endpoint binds (its own, so it can stay "
                                           "private while gRPC is public)")
-    metrics_port: int = _opt(DEFAULT_METRICS_PORT, "Prometheus /metrics HTTP port (0 picks a free one; -1 disables)", type=int)
+    metrics_port: int = _opt(DEFAULT_METRICS_PORT, "Prometheus /metrics HTTP port (0 picks a free one; -1 disables)",
+                             type=int)
     tls_cert_file: Path | None = _opt(None, "PEM certificate chain: gRPC serves TLS only (needs --tls-key-file)",
                                       type=Path)
     tls_key_file: Path | None = _opt(None, "PEM private key of --tls-cert-file", type=Path)

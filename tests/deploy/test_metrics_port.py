@@ -27,7 +27,8 @@ def test_every_file_spells_the_default():
     assert f"SEQSERVE_METRICS_PORT={port}" in dockerfile and f"EXPOSE 50051 {port}" in dockerfile
     compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]["seqserve"]
     assert compose["environment"]["SEQSERVE_METRICS_PORT"] == port and port in compose["expose"]
-    (sd,) = yaml.safe_load((DEPLOY / "prometheus" / "prometheus.yml").read_text())["scrape_configs"][0]["dns_sd_configs"]
+    prometheus = yaml.safe_load((DEPLOY / "prometheus" / "prometheus.yml").read_text())
+    (sd,) = prometheus["scrape_configs"][0]["dns_sd_configs"]
     assert sd["port"] == DEFAULT_METRICS_PORT
     k8s = {name: (DEPLOY / "k8s" / name).read_text() for name in ("deployment.yaml", "service.yaml",
                                                                    "kustomization.yaml")}
