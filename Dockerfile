@@ -29,8 +29,8 @@ RUN pip install .
 USER seqserve
 # Containers listen on every interface (the settings' defaults are 127.0.0.1); gRPC and /metrics on their defaults.
 ENV SEQSERVE_BUNDLE=/artifacts/bundle SEQSERVE_BIND=0.0.0.0 SEQSERVE_PORT=50051 \
-    SEQSERVE_METRICS_BIND=0.0.0.0 SEQSERVE_METRICS_PORT=9090
-EXPOSE 50051 9090
+    SEQSERVE_METRICS_BIND=0.0.0.0 SEQSERVE_METRICS_PORT=50052
+EXPOSE 50051 50052
 # The standard grpc.health.v1 check: NOT_SERVING (exit 1) while loading, warming up or draining.
 HEALTHCHECK --interval=10s --timeout=5s --start-period=60s --retries=3 \
     CMD ["python", "-m", "seqserve.server.healthcheck", "127.0.0.1:50051"]

@@ -7,7 +7,7 @@ ARTIFACTS ?= artifacts
 CHECKPOINT ?= $(ARTIFACTS)/default
 BUNDLE ?= $(ARTIFACTS)/bundle
 GRPC_PORT ?= 50051
-METRICS_PORT ?= 9090
+METRICS_PORT ?= 50052
 PYTEST_ARGS ?=
 # Intra-op threads of torch and onnxruntime for train, verify, serve and test. Unset: train, verify and serve use
 # one per core, tests use 1. On a machine busy with other work, THREADS=1 keeps them from oversubscribing the cores.
@@ -20,11 +20,13 @@ THREADS_ENV := $(if $(THREADS),OMP_NUM_THREADS=$(THREADS))
 .DELETE_ON_ERROR:
 .PHONY: venv test serve train export verify protos clean
 
-# The venv is rebuilt whenever pyproject.toml changes.
+# The venv is rebuilt whenever pyproject.toml changes. pip prints each package it fetches (no -q): the first
+# install takes minutes and should not look stuck.
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[train,loadtest,bench,hf,dev]'
+	@echo "Installing seqserve and its extras into $(VENV) (torch, onnxruntime, transformers: a few minutes)"
+	$(PY) -m pip install --upgrade --progress-bar on pip
+	$(PY) -m pip install --progress-bar on -e '.[train,loadtest,bench,hf,dev]'
 	touch $@
 
 venv: $(VENV)/.installed

@@ -44,7 +44,11 @@ def _print_json(client: Client, text: str, stream: bool, decoding: dict) -> None
 
     if stream:
         for message in client.stream_responses(text, **decoding):
-            print(dump(message, None), flush=True)
+            if message.finish_reason:  # the last message: every field, a seed of 0 included (it is a real seed)
+                print(dump(message, None), flush=True)
+            else:  # a piece carries its text and ids only: no seed, finish reason or usage it does not have
+                piece = json_format.MessageToDict(message, preserving_proto_field_name=True)
+                print(json.dumps({"text": "", "token_ids": []} | piece, ensure_ascii=False), flush=True)
     else:
         print(dump(client.generate_response(text, **decoding), 2))
 
@@ -67,7 +71,8 @@ def _print_text(client: Client, text: str, stream: bool, decoding: dict) -> Resu
 
 
 def _detailed(result: Result) -> bool:
-    return len(result.sequences) > 1 or any(s.score is not None or s.logprobs for s in result.sequences)
+    """Several sequences or log-probabilities were asked for: a model's default beams alone print the text only."""
+    return len(result.sequences) > 1 or any(s.logprobs for s in result.sequences)
 
 
 def describe(rank: int, seq: Sequence) -> list[str]:
@@ -76,7 +81,10 @@ def describe(rank: int, seq: Sequence) -> list[str]:
     Tokens are shown as ids: the tokenizer is part of the server's bundle, not of the client."""
     lines = [f"{rank}. {seq.text}"]
     scores = [] if seq.score is None else [f"score {seq.score:.4f}", f"cumulative logprob {seq.cumulative_logprob:.4f}"]
-    lines.append("   " + ", ".join(scores + [seq.finish_reason, f"{len(seq.token_ids)} tokens"]))
+    tokens = f"{len(seq.token_ids)} tokens"
+    if len(seq.logprobs) == len(seq.token_ids) + 1:  # on eos the end token is scored too: the table's last row
+        tokens += f" + the end token ({len(seq.logprobs)} log-probabilities, the last row is the end token's)"
+    lines.append("   " + ", ".join(scores + [seq.finish_reason, tokens]))
     if seq.logprobs:
         alternatives = len(seq.logprobs[0].top_logprobs)
         lines.append("   token id   logprob" + (f"   top {alternatives} (token id logprob)" if alternatives else ""))

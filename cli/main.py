@@ -117,7 +117,10 @@ def _export(args: argparse.Namespace) -> int:
     for name, variant in manifest.variants.items():
         q = variant["quality"]
         agreement = f", top-1 agreement {q['top1_agreement']:.2%}" if "top1_agreement" in q else ""
-        measured = f"exact match {q['exact_match']:.2%} (n={q['n']}){agreement}" if "exact_match" in q else str(q)
+        if "exact_match" in q:
+            measured = f"exact match {q['exact_match']:.2%} (n={q['n']}){agreement}"
+        else:  # e.g. an imported model's bundle, which has no held-out pairs to measure on
+            measured = "quality not measured: " + q.get("skipped", ", ".join(f"{k} {v}" for k, v in q.items()))
         print(f"{name}: {measured}{'  WARNING: ' + q['warning'] if 'warning' in q else ''}")
     print(f"-> {args.out}")
     if args.ctranslate2:
@@ -175,6 +178,25 @@ def _import(args: argparse.Namespace) -> int:
     return _hf_rows(Path(args.out), Path(args.hf_dir), [])
 
 
+def _import_quietly(args: argparse.Namespace) -> int:
+    """`import`, with transformers' own progress bars ("Loading weights") and warnings silenced under --quiet."""
+    if not args.quiet:
+        return _import(args)
+    try:
+        from transformers.utils import logging as hf_logging
+    except ImportError:  # without the hf extra nothing of transformers runs
+        return _import(args)
+    bars, verbosity = hf_logging.is_progress_bar_enabled(), hf_logging.get_verbosity()
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+    try:
+        return _import(args)
+    finally:  # the process may go on (tests call main): leave transformers as it was
+        hf_logging.set_verbosity(verbosity)
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
 def _hf_rows(checkpoint: Path, hf_dir: Path, rows: list) -> int:
     from seqserve.checks.table import format_table
 
@@ -190,7 +212,9 @@ def _hf_rows(checkpoint: Path, hf_dir: Path, rows: list) -> int:
 
 
 def _add_export_commands(sub) -> None:
-    p = sub.add_parser("import", help="import a Hugging Face model directory (marian, bart, mbart) as a checkpoint",
+    from seqserve.model.hf_families import described  # torch-free: the import's own table of model_types
+
+    p = sub.add_parser("import", help=f"import a Hugging Face model directory as a checkpoint: {described()}",
                        description="Reads config.json, generation_config.json, model.safetensors and the tokenizer "
                                    "files of a local Hugging Face directory (save_pretrained form) and writes a "
                                    "seqserve checkpoint for `seqserve export`; then compares its logits with "
@@ -198,8 +222,8 @@ def _add_export_commands(sub) -> None:
     p.add_argument("hf_dir", help="Hugging Face model directory")
     p.add_argument("--out", required=True, help="checkpoint directory to write")
     p.add_argument("--no-verify", action="store_true", help="skip the comparison with transformers")
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
-    p.set_defaults(func=_import)
+    p.add_argument("--quiet", action="store_true", help="no progress bars (transformers' included)")
+    p.set_defaults(func=_import_quietly)
 
     p = sub.add_parser("export", help="export a checkpoint to a bundle (ONNX graphs, variants, manifest)")
     p.add_argument("checkpoint", help="checkpoint directory written by `seqserve train`")

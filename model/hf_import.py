@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import shutil
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -26,6 +25,7 @@ from seqserve.contract.jsonfile import read_object
 from seqserve.contract.languages import LANGUAGES_FILE, Languages
 from seqserve.model import checkpoint as ck
 from seqserve.model.config import ModelConfig
+from seqserve.model.hf_families import FAMILIES
 from seqserve.model.hf_tokenizer import TokenizerImportError, convert_multilingual
 from seqserve.model.transformer import Transformer
 
@@ -41,30 +41,6 @@ class ImportRefused(ValueError):
     """A directory `seqserve import` cannot turn into a checkpoint; the message names the file and the field."""
 
 
-@dataclass(frozen=True)
-class Family:
-    """How one model_type differs from the seeds' Transformer (DESIGN: "Pretrained encoder-decoders")."""
-
-    positions: str
-    position_offset: int
-    norm_first: bool  # pre-LN with a final LayerNorm on each stack (mBART, M2M100)
-    embed_norm: bool  # layernorm_embedding
-    offset_after_pad: bool = False  # position 0 is row pad_token_id + 1 (fairseq's make_positions: M2M100, NLLB)
-
-    @property
-    def legacy(self) -> dict[str, bool]:
-        """Switches older config.json files carry (transformers 3's): the value this family's class implements."""
-        return {"static_position_embeddings": self.positions != "learned", "normalize_embedding": self.embed_norm,
-                "normalize_before": self.norm_first, "add_final_layer_norm": self.norm_first,
-                "add_bias_logits": False}
-
-
-FAMILIES = {
-    "marian": Family("sinusoidal_halves", 0, norm_first=False, embed_norm=False),
-    "bart": Family("learned", 2, norm_first=False, embed_norm=True),
-    "mbart": Family("learned", 2, norm_first=True, embed_norm=True),
-    "m2m_100": Family("sinusoidal_fairseq", 0, norm_first=True, embed_norm=False, offset_after_pad=True),
-}
 ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "silu": "silu", "swish": "silu"}
 
 

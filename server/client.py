@@ -114,7 +114,8 @@ class TokenLogprob:
 
 @dataclass(frozen=True)
 class Sequence:
-    """One returned sequence (a beam hypothesis, or the greedy / sampled output)."""
+    """One returned sequence (a beam hypothesis, or the greedy / sampled output). On eos, logprobs has one entry more
+    than token_ids: the last is the end token's (token_ids and text leave it out)."""
 
     text: str
     token_ids: list[int]

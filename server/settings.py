@@ -22,6 +22,7 @@ from seqserve.server.flags import flag as _flag
 ENV_PREFIX = "SEQSERVE_"
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 DEFAULT_MAX_NEW_TOKENS = 64  # used when a request leaves max_new_tokens unset (clipped to the cap)
+DEFAULT_METRICS_PORT = 50052  # beside gRPC's; 9090-9999 are Prometheus's and its exporters' (docs/deploy.md#ports)
 MIN_TOKEN_CHARS = 16  # shorter bearer tokens are refused at start: they could be guessed
 KiB, MiB = 1 << 10, 1 << 20
 MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")  # a model's name: a health service and label value too
@@ -51,7 +52,8 @@ class Settings:
     port: int = _opt(DEFAULT_PORT, "gRPC port (0 picks a free one and logs it)", type=int)
     metrics_bind: str = _opt("127.0.0.1", "address the Prometheus /metrics endpoint binds (its own, so it can stay "
                                           "private while gRPC is public)")
-    metrics_port: int = _opt(9090, "Prometheus /metrics HTTP port (0 picks a free one; -1 disables)", type=int)
+    metrics_port: int = _opt(DEFAULT_METRICS_PORT, "Prometheus /metrics HTTP port (0 picks a free one; -1 disables)",
+                             type=int)
     tls_cert_file: Path | None = _opt(None, "PEM certificate chain: gRPC serves TLS only (needs --tls-key-file)",
                                       type=Path)
     tls_key_file: Path | None = _opt(None, "PEM private key of --tls-cert-file", type=Path)
@@ -266,15 +268,16 @@ def bundle_spec(spec: str) -> tuple[str, Path]:
     if not _named(spec):
         name, path = os.path.basename(os.path.abspath(spec)), spec
     if not MODEL_NAME.fullmatch(name):
+        either = f" (and no directory {spec} exists)" if _named(spec) and "/" in name else ""
         raise SettingsError(f"model name {name!r} ({_names('bundle')}: {spec}): use letters, digits, '.', '_' and "
-                            "'-', starting with a letter or digit")
+                            f"'-', starting with a letter or digit{either}")
     return name, Path(path)
 
 
 def _named(spec: str) -> bool:
-    """Whether a --bundle value is NAME=DIR (a path that merely holds "=" has a "/" before it)."""
-    name, sep, _ = spec.partition("=")
-    return bool(sep) and "/" not in name
+    """Whether a --bundle value is NAME=DIR: it holds "=" and is not itself an existing path (a directory whose name
+    holds "="), so a bad NAME (`bad/name=DIR`) is refused with the naming rule rather than looked for as a path."""
+    return "=" in spec and not os.path.exists(spec)
 
 
 def env_name(name: str) -> str:

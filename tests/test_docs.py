@@ -21,7 +21,10 @@ DOCS = sorted(ROOT / name for name in subprocess.run(["git", "ls-files", "*.md"]
 README = (ROOT / "README.md").read_text()
 FENCE = re.compile(r"^(```|~~~).*?^\1", re.M | re.S)
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
-NARRATION = re.compile(r"\b(this|that|an? earlier|earlier|another|previous|one) sessions?\b", re.I)
+NARRATION = re.compile(r"\b(this|that|an? earlier|earlier|another|previous|one) sessions?\b"
+                       r"|\bissues? \d|\bthe issue'?s?\b|\bbefore this change\b|\bnot run here\b|\bwas built on\b"
+                       r"|\bthis tree\b|\bnot rerun\b|\ba lent\b|\bthis project's\b|\b(it|that|this) was stopped\b"
+                       r"|\bbuilt or run here\b|\bdevelopment machine\b|\bthe seeds'", re.I)
 
 
 def _prose(text: str) -> str:

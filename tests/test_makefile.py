@@ -5,8 +5,11 @@ A stand-in `seqserve` script records each call, so no model is trained or served
 from __future__ import annotations
 
 import os
+import re
+import shlex
 import shutil
 import subprocess
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -85,3 +88,14 @@ def test_threads_reach_train_verify_serve_and_test(tree):
     assert any(" verify " in line and line.endswith("--threads 3") for line in lines)
     assert any(line.strip() == "--intra-op-threads 3" for line in lines)  # serve's continuation line
     assert any(line.startswith("SEQSERVE_TEST_THREADS=3 ") and "pytest" in line for line in lines)
+
+
+def test_the_venv_install_shows_progress_and_brings_sacremoses(tmp_path):
+    """`make venv` takes minutes: pip prints what it fetches (no -q). The hf extra brings sacremoses, without which
+    transformers warns on every Marian tokenizer load."""
+    done = subprocess.run([MAKE, "-n", "-C", str(ROOT), f"VENV={tmp_path / 'venv'}", "venv"], capture_output=True,
+                          text=True, timeout=60)
+    installs = [shlex.split(line) for line in done.stdout.splitlines() if "pip install" in line]
+    assert len(installs) == 2 and all("-q" not in words and "--quiet" not in words for words in installs)
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert any(re.match(r"sacremoses\b", requirement) for requirement in extras["hf"])

@@ -3,6 +3,7 @@ alternatives, and the whole response as JSON. The oracle is the same request mad
 from __future__ import annotations
 
 import json
+import threading
 
 import pytest
 from google.protobuf import json_format
@@ -59,9 +60,12 @@ def test_logprobs_print_every_token_with_its_alternatives(served, heldout, capsy
     src = heldout[2][0]
     (expected,) = _direct(served, src, **LOGPROBS).sequences
     assert expected.logprobs and all(len(t.top_logprobs) == 3 for t in expected.logprobs)
+    assert expected.finish_reason == "eos" and len(expected.logprobs) == len(expected.token_ids) + 1  # the end token
     out, _ = _generate(capsys, served, src, "--return-logprobs", "--top-logprobs", "3")
     lines = out.splitlines()
     assert lines[0] == f"1. {expected.text}" and lines[1].startswith(f"   score {expected.score:.4f}, ")
+    assert lines[1].endswith(f", {len(expected.token_ids)} tokens + the end token ({len(expected.logprobs)} "
+                             "log-probabilities, the last row is the end token's)")
     rows = [line.split() for line in lines[3:]]  # after the column header: id, logprob, then (id, logprob) x 3
     assert len(rows) == len(expected.logprobs)
     for row, token in zip(rows, expected.logprobs, strict=True):
@@ -93,6 +97,40 @@ def test_json_stream_is_one_object_per_message(served, heldout, capsys):
     assert [t for m in messages for t in m.token_ids] == list(_direct(served, src).token_ids)
     assert "".join(m.text for m in messages) == _direct(served, src).text
     assert messages[-1].finish_reason == pb.FINISH_REASON_EOS and messages[-1].usage.generated_tokens > 0
+
+
+def test_json_stream_pieces_show_only_what_they_carry_and_the_last_message_the_seed(tiny_bundle, heldout, capsys):
+    """Pieces print their text and ids only (no seed "0" or FINISH_REASON_UNSPECIFIED they do not carry); the last
+    message prints every field, a real seed of 0 included. The engine is held after the first token so the stream
+    has at least two messages on any machine."""
+    from grpc_harness import Served, wait_for
+
+    server = Served(tiny_bundle).wait_ready()
+    try:
+        gate = server.gate()
+        gate.close()
+        codes: list[int] = []
+        chunks: list[str] = []
+        call = threading.Thread(target=lambda: codes.append(main(["generate", heldout[0][0], "--server",
+                                                                  server.address, "--json", "--stream", "--seed",
+                                                                  "0"])))
+        call.start()
+        gate.wait_held()  # after the step that made the first token
+
+        def first_piece_printed() -> bool:
+            chunks.append(capsys.readouterr().out)
+            return "\n" in "".join(chunks)
+
+        wait_for(first_piece_printed, what="the first piece printed")
+        gate.open()
+        call.join(60)
+    finally:
+        server.stop()
+    lines = "".join(chunks + [capsys.readouterr().out]).splitlines()
+    assert codes == [0] and len(lines) >= 2
+    *pieces, last = [json.loads(line) for line in lines]
+    assert all(set(piece) == {"text", "token_ids"} for piece in pieces), pieces
+    assert last["seed"] == "0" and last["finish_reason"] == "FINISH_REASON_EOS" and last["usage"]["generated_tokens"]
 
 
 def test_help_shows_an_input_of_the_default_model():

@@ -209,7 +209,7 @@ def test_bundle_script_runs_real_seqserve_commands():
 
 
 def test_ports_agree_with_the_server_defaults():
-    assert (GRPC_PORT, METRICS_PORT) == (50051, 9090)  # the numbers every file below spells out
+    assert (GRPC_PORT, METRICS_PORT) == (50051, 50052)  # the numbers every file below spells out
     runtime = _stage("runtime")
     assert f"SEQSERVE_PORT={GRPC_PORT}" in runtime and f"SEQSERVE_METRICS_PORT={METRICS_PORT}" in runtime
     assert f"EXPOSE {GRPC_PORT} {METRICS_PORT}" in runtime and f"127.0.0.1:{GRPC_PORT}" in runtime

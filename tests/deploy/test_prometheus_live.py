@@ -20,6 +20,7 @@ from deploy_harness import DEPLOY, LOOPBACK, heldout_inputs, start_replicas, wai
 from external_tools import require
 from ports import free_port
 
+from seqserve.server.settings import DEFAULT_METRICS_PORT as METRICS_PORT
 from seqserve.v1 import seqserve_pb2 as pb
 
 JOB = "seqserve"
@@ -38,7 +39,7 @@ def render(metrics_ports: list[int], rules: Path) -> dict:
     config["rule_files"] = [str(rules)]
     config["global"] |= {"scrape_interval": "1s", "evaluation_interval": "1s"}
     (job,) = config["scrape_configs"]
-    assert job["job_name"] == JOB and [c["port"] for c in job.pop("dns_sd_configs")] == [9090]
+    assert job["job_name"] == JOB and [c["port"] for c in job.pop("dns_sd_configs")] == [METRICS_PORT]
     job["static_configs"] = [{"targets": [f"{LOOPBACK}:{port}"], "labels": labels}
                              for port, labels in zip(metrics_ports, POD_LABELS, strict=True)]
     return config

@@ -189,6 +189,7 @@ def test_bundle_flags_and_variable_name_the_models(tmp_path, monkeypatch, flags,
 @pytest.mark.parametrize("kwargs, message", [
     (dict(bundle=("a=DIR", "a=DIR")), "model 'a' is named twice"),
     (dict(bundle=("bad name=DIR",)), "model name 'bad name'"),
+    (dict(bundle=("bad/name=DIR",)), r"model name 'bad/name' .*use letters"),  # NAME=DIR, not a path with "="
     (dict(bundle=("a=DIR",), model_repository="REPO"), "exclude each other"),
     (dict(model_repository="/nonexistent"), "--model-repository / SEQSERVE_MODEL_REPOSITORY: no directory"),
     (dict(bundle=("a=DIR",), memory_budget_bytes=-1), "--memory-budget-bytes / SEQSERVE_MEMORY_BUDGET_BYTES must be"),

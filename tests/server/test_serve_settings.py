@@ -25,7 +25,7 @@ def test_flags_beat_environment_beat_defaults(tiny_bundle):
            "SEQSERVE_ALLOW_SPINNING": "false", "SEQSERVE_GRACE_SECONDS": "2.5"}
     s = st.load(_flags("--port", "7001", "--allow-spinning"), env)
     assert (s.port, s.allow_spinning, s.max_batch_size, s.grace_seconds) == (7001, True, 4, 2.5)
-    assert s.bundle == tiny_bundle and s.metrics_port == 9090 and s.device == "auto"
+    assert s.bundle == tiny_bundle and s.metrics_port == 50052 and s.device == "auto"
     assert st.load(_flags(), env).allow_spinning is False
 
 
