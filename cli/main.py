@@ -5,9 +5,6 @@ import argparse
 import sys
 from pathlib import Path
 
-from seqserve.contract.devices import DEVICES
-from seqserve.model.presets import SELECT_BY
-
 
 def _train(args: argparse.Namespace) -> int:
     from seqserve.model.presets import preset
@@ -29,13 +26,13 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from seqserve.server import signals
-
-    signals.hold()  # before the slow imports: a SIGTERM from now on stops the server cleanly (exit 0)
-    from seqserve.server import settings
+    from seqserve.server import settings, signals  # main has called signals.hold already
     from seqserve.server.app import run
 
-    return run(settings.load(args))
+    try:
+        return run(settings.load(args))
+    finally:
+        signals.done()
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -82,6 +79,8 @@ def _add_serving_commands(sub) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from seqserve.model.presets import SELECT_BY
+
     parser = argparse.ArgumentParser(prog="seqserve", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -212,6 +211,7 @@ def _hf_rows(checkpoint: Path, hf_dir: Path, rows: list) -> int:
 
 
 def _add_export_commands(sub) -> None:
+    from seqserve.contract.devices import DEVICES
     from seqserve.model.hf_families import described  # torch-free: the import's own table of model_types
 
     p = sub.add_parser("import", help=f"import a Hugging Face model directory as a checkpoint: {described()}",
@@ -288,6 +288,10 @@ def _add_bench_command(sub) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if (sys.argv[1:] if argv is None else argv)[:1] == ["serve"]:
+        from seqserve.server import signals
+
+        signals.hold()  # first, before the slow imports: a SIGTERM from now on stops the server with exit 0
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)

@@ -294,8 +294,7 @@ class App:
 async def _serve(settings: Settings) -> int:
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
-    for sig in signals.SIGNALS:
-        loop.add_signal_handler(sig, stop.set)
+    signals.on_stop(loop, stop.set)  # not loop.add_signal_handler: its loop puts back the default action on closing
     if signals.received():  # during start-up, before these handlers (signals.hold): nothing to drain yet
         log.info("stopped before serving: a signal arrived while starting")
         return 0

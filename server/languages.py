@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from seqserve.contract.languages import Languages
+from seqserve.server.echo import quoted
 
 FIELDS = ("source_language", "target_language")
 _SHOWN = 8  # codes quoted in a refusal (GetModelInfo lists them all)
@@ -35,14 +36,14 @@ def resolve(languages: Languages | None, source: str, target: str,
         for field, value in given.items():
             if value:
                 raise LanguageRefused(f"{field} is not accepted: this model has no languages (GetModelInfo lists "
-                                      f"none), got {value!r}")
+                                      f"none), got {quoted(value)}")
         return None
     for field, value in given.items():
         if not value:
             raise LanguageRefused(f"{field} is required by this multilingual model; GetModelInfo lists its "
                                   f"{len(languages.codes)} languages, e.g. {_examples(languages)}")
         if value not in languages.codes:
-            raise LanguageRefused(f"{field} {value[:64]!r} is not a language of this model; GetModelInfo lists its "
+            raise LanguageRefused(f"{field} {quoted(value)} is not a language of this model; GetModelInfo lists its "
                                   f"{len(languages.codes)} languages, e.g. {_examples(languages)}")
     return RequestLanguages(source, languages.codes[target])
 

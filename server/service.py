@@ -18,6 +18,7 @@ import grpc
 
 from seqserve.contract.languages import Languages
 from seqserve.server import options
+from seqserve.server.echo import quoted
 from seqserve.server.finish import ERROR_MESSAGE
 from seqserve.server.handlers import Undecodable, add_generation_service
 from seqserve.server.inflight import Call, InFlight
@@ -191,7 +192,7 @@ class GenerationService(pb_grpc.GenerationServicer):
                            "invalid_argument")
         model = self.models.get(name)
         if model is None:
-            raise Rejected(Code.NOT_FOUND, f"model {name!r} is not served here; the models are: {served}",
+            raise Rejected(Code.NOT_FOUND, f"model {quoted(name)} is not served here; the models are: {served}",
                            "unknown_model")
         return model
 

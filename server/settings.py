@@ -25,6 +25,7 @@ DEFAULT_MAX_NEW_TOKENS = 64  # used when a request leaves max_new_tokens unset (
 DEFAULT_METRICS_PORT = 50052  # beside gRPC's; 9090-9999 are Prometheus's and its exporters' (docs/deploy.md#ports)
 MIN_TOKEN_CHARS = 16  # shorter bearer tokens are refused at start: they could be guessed
 KiB, MiB = 1 << 10, 1 << 20
+EMPTY_IS_SET = ("auth_tokens", "auth_token_file")  # set but empty is refused, not unset: it would turn auth off
 MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")  # a model's name: a health service and label value too
 
 
@@ -201,9 +202,9 @@ class Settings:
     def tokens(self) -> frozenset[str]:
         """The accepted bearer tokens (empty: authentication is off), from the file and the variable together."""
         tokens = [t.strip() for t in (self.auth_tokens or "").split(",") if t.strip()]
-        if self.auth_tokens and not tokens:  # " " or "," must not quietly turn authentication off
-            raise SettingsError(f"{_names('auth_tokens')} holds no token (only commas or whitespace); unset it to "
-                                "turn authentication off")
+        if self.auth_tokens is not None and not tokens:  # "", " " or "," must not quietly turn authentication off
+            raise SettingsError(f"{_names('auth_tokens')} holds no token (it is empty, or only commas or "
+                                "whitespace); unset it to turn authentication off")
         path = self.auth_token_file
         if path is not None and Path(path).is_file():
             lines = [line.strip() for line in Path(path).read_text().splitlines()]
@@ -322,6 +323,8 @@ def load(flags: dict | argparse.Namespace | None = None, environ: dict | None = 
             values[f.name] = flags[f.name]
         elif environ.get(env_name(f.name), "") != "":
             values[f.name] = _parse_env(f, environ[env_name(f.name)])
+        elif f.name in EMPTY_IS_SET and env_name(f.name) in environ:
+            raise SettingsError(f"{env_name(f.name)} is set but empty: unset it to turn authentication off")
     if isinstance(values.get("bundle"), str):  # the variable: comma-separated specs
         values["bundle"] = tuple(spec.strip() for spec in values["bundle"].split(",") if spec.strip())
     if values.get("model_repository") is not None:

@@ -1,22 +1,46 @@
-"""SIGTERM and SIGINT (and SIGHUP, which re-reads the models) from the first moment of `seqserve serve`.
+"""SIGTERM and SIGINT (and SIGHUP, which re-reads the models) from the first moment of `seqserve serve` to its exit.
 
-Importing onnxruntime and grpc takes about half a second, before the event loop (and its signal handlers) exists; a
-signal then would end the process with Python's default action (exit -15). `hold` installs handlers that only
-remember the signal; app._serve then stops at once (exit 0), or drains if the signal came while it was starting.
+`seqserve serve` calls `hold` first thing in `cli.main.main`, before it imports anything slow (grpc, onnxruntime,
+numpy: about half a second, before the event loop exists); a signal before that would end the process with Python's
+default action (exit 143). The handler only remembers the signal; app._serve then stops at once (exit 0), or drains
+if the signal came while it was starting. `on_stop` lets the event loop hear SIGTERM/SIGINT through this same handler
+rather than through loop.add_signal_handler, whose loop puts back the default action when it closes, so that no
+instant from `hold` to the process's exit ends it with 143 (`done` ignores them once the server has stopped).
 """
 from __future__ import annotations
 
 import signal
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # asyncio itself is imported later: hold runs before anything that takes time
+    import asyncio
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 RELOAD = signal.SIGHUP  # re-read the models (its default action would end the process)
-_received: list[int] = []
+_received: set[int] = set()
+_stop: tuple[asyncio.AbstractEventLoop, Callable[[], None]] | None = None  # on_stop's loop and callback
 
 
 def hold() -> None:
-    """Remember SIGTERM/SIGINT/SIGHUP until the event loop's handlers take over (call it before the slow imports)."""
+    """Remember SIGTERM/SIGINT/SIGHUP (call it before the slow imports); SIGHUP until the event loop's handler."""
     for sig in (*SIGNALS, RELOAD):
         signal.signal(sig, _remember)
+
+
+def on_stop(loop: asyncio.AbstractEventLoop, callback: Callable[[], None]) -> None:
+    """From now on SIGTERM/SIGINT also run callback on loop (thread-safe, as the loop's own handlers do)."""
+    global _stop
+    _stop = (loop, callback)
+    for sig in SIGNALS:
+        signal.signal(sig, _remember)
+
+
+def done() -> None:
+    """The server has stopped: a SIGTERM/SIGINT from now until the exit changes nothing (Python would put back the
+    default action while it shuts down; an ignored signal it leaves ignored)."""
+    for sig in SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
 
 
 def reload_asked() -> bool:
@@ -25,7 +49,13 @@ def reload_asked() -> bool:
 
 
 def _remember(signum: int, frame) -> None:
-    _received.append(signum)
+    _received.add(signum)
+    if _stop is not None and signum in SIGNALS:
+        loop, callback = _stop
+        try:
+            loop.call_soon_threadsafe(callback)
+        except RuntimeError:  # the loop has closed: the server has stopped already
+            pass
 
 
 def received() -> bool:
