@@ -311,7 +311,8 @@ async def _serve(settings: Settings) -> int:
         reload()
     await app.start()
     await stop.wait()
-    loop.remove_signal_handler(signals.RELOAD)
+    loop.remove_signal_handler(signals.RELOAD)  # which puts back SIGHUP's default action (ending the process): so
+    signals.draining()
     for task in reloads:  # a re-read still loading: the drain stops the server instead
         task.cancel()
     await app.drain()

@@ -36,10 +36,15 @@ def on_stop(loop: asyncio.AbstractEventLoop, callback: Callable[[], None]) -> No
         signal.signal(sig, _remember)
 
 
+def draining() -> None:
+    """The drain has begun: a SIGHUP from now on has nothing to re-read, and must not end the process (exit 129)."""
+    signal.signal(RELOAD, signal.SIG_IGN)
+
+
 def done() -> None:
-    """The server has stopped: a SIGTERM/SIGINT from now until the exit changes nothing (Python would put back the
-    default action while it shuts down; an ignored signal it leaves ignored)."""
-    for sig in SIGNALS:
+    """The server has stopped: a SIGTERM/SIGINT/SIGHUP from now until the exit changes nothing (Python would put back
+    the default action while it shuts down; an ignored signal it leaves ignored)."""
+    for sig in (*SIGNALS, RELOAD):
         signal.signal(sig, signal.SIG_IGN)
 
 

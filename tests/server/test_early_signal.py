@@ -125,3 +125,21 @@ def test_sigterm_at_every_instant_from_the_handler_to_the_exit_exits_0(tiny_bund
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_sighup_during_the_drain_and_the_exit_changes_nothing(tiny_bundle):
+    """After SIGTERM, a SIGHUP every millisecond until the process has exited: none may end it (exit 129)."""
+    proc = _start(tiny_bundle)
+    log, _, _ = follow_log(proc)
+    try:
+        _wait_until("serving", proc, log)
+        proc.send_signal(signal.SIGTERM)
+        end = time.monotonic() + WAIT
+        while proc.poll() is None:
+            proc.send_signal(signal.SIGHUP)
+            assert time.monotonic() < end, f"never exited: {''.join(log)}"
+            time.sleep(PACE)
+        _assert_stopped_cleanly(proc, log)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
