@@ -7,6 +7,7 @@ reaches it as RESOURCE_EXHAUSTED instead of the refusal, and a client with a lar
 from __future__ import annotations
 
 ECHO_CHARS = 64  # characters of a client's value a status detail quotes
+LISTED_NAMES = 16  # served model names a NOT_FOUND lists (names are up to 128 characters; GetModelInfo lists all)
 
 
 def quoted(value: str) -> str:
@@ -14,3 +15,12 @@ def quoted(value: str) -> str:
     if len(value) <= ECHO_CHARS:
         return repr(value)
     return f"{value[:ECHO_CHARS]!r}... ({len(value)} characters)"
+
+
+def listed(names) -> str:
+    """The served names a refusal lists, sorted: at most LISTED_NAMES, then how many more (a repository of hundreds
+    of models must not make the detail outgrow the client's metadata limit)."""
+    names = sorted(names)
+    shown = ", ".join(names[:LISTED_NAMES])
+    more = len(names) - LISTED_NAMES
+    return shown + (f" and {more} more (GetModelInfo lists every one)" if more > 0 else "")

@@ -18,7 +18,7 @@ import grpc
 
 from seqserve.contract.languages import Languages
 from seqserve.server import options
-from seqserve.server.echo import quoted
+from seqserve.server.echo import listed, quoted
 from seqserve.server.finish import ERROR_MESSAGE
 from seqserve.server.handlers import Undecodable, add_generation_service
 from seqserve.server.inflight import Call, InFlight
@@ -182,7 +182,7 @@ class GenerationService(pb_grpc.GenerationServicer):
 
     def _model(self, name: str) -> ServedModel:
         """The model a request names; empty names the one model (with several it is required)."""
-        served = ", ".join(sorted(self.models)) or "none (every model was unloaded)"
+        served = listed(self.models) or "none (every model was unloaded)"
         if not name:
             if len(self.models) == 1:
                 return next(iter(self.models.values()))

@@ -10,7 +10,7 @@ import grpc
 import pytest
 
 from seqserve.contract.languages import PREFIX, Languages
-from seqserve.server.echo import ECHO_CHARS, quoted
+from seqserve.server.echo import ECHO_CHARS, LISTED_NAMES, listed, quoted
 from seqserve.server.languages import LanguageRefused, resolve
 from seqserve.v1 import seqserve_pb2 as pb
 from seqserve.v1 import seqserve_pb2_grpc as pb_grpc
@@ -51,6 +51,14 @@ def test_quoted_cuts_a_long_value_and_keeps_a_short_one():
     assert quoted("x" * ECHO_CHARS) == repr("x" * ECHO_CHARS)
     assert quoted("x" * (ECHO_CHARS + 1)) == f"{'x' * ECHO_CHARS!r}... ({ECHO_CHARS + 1} characters)"
     assert quoted("\x00" * HUGE).startswith("'\\x00") and len(quoted("\x00" * HUGE)) < 4 * ECHO_CHARS + 32
+
+
+def test_a_refusal_lists_at_most_a_few_served_names_then_how_many_more():
+    names = [f"model-{i:03d}-" + "x" * 116 for i in range(300)]  # 300 names of 128 characters: 38 KB in all
+    text = listed(names)
+    assert text.startswith("model-000-") and text.count("model-") == LISTED_NAMES
+    assert text.endswith(f"and {300 - LISTED_NAMES} more (GetModelInfo lists every one)") and len(text) < 4096
+    assert listed(["b", "a"]) == "a, b"
 
 
 @pytest.mark.parametrize("channel_options", [[], LARGE_METADATA], ids=["default-metadata-limit", "large-limit"])
