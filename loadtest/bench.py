@@ -92,7 +92,7 @@ def _models(cfg: BenchConfig, stack: ExitStack, skipped: list[str]) -> tuple[Pat
     if cfg.random:
         work = cfg.shape_dir or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="seqserve-bench-shape-")))
         made = shapes.prepare(cfg.shape, work, cfg.seed, cfg.num_inputs, cfg.resolved_max_new(0),
-                              convert, cfg.progress)
+                              convert, cfg.progress, fp16=cfg.device != "cpu")  # fp16: the GPU's engine rows
         return made.checkpoint, made.bundle, made.ctranslate2_dir
     bundle = cfg.bundle
     if bundle is None:

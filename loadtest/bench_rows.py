@@ -145,6 +145,9 @@ def _transformers(spec: RowSpec, work: Workload) -> Loaded:
     pad = model.generation_config.pad_token_id
     eos = model.generation_config.eos_token_id
     eos = set(eos if isinstance(eos, list) else [eos])
+    # beam settings only on beam rows: greedy generate warns that they are ignored
+    beams = ({"num_beams": spec.num_beams, "length_penalty": 1.0, "early_stopping": BEAM_EARLY_STOPPING}
+             if spec.num_beams > 1 else {"num_beams": 1})
 
     def generate(sources: list[list[int]], max_new_tokens: int) -> list[list[int]]:
         outputs = []
@@ -157,9 +160,8 @@ def _transformers(spec: RowSpec, work: Workload) -> Loaded:
                 ids[row, : len(source)], mask[row, : len(source)] = torch.tensor(source), 1
             with torch.no_grad():
                 out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), do_sample=False,
-                                     num_beams=spec.num_beams, num_return_sequences=1,
-                                     max_new_tokens=max_new_tokens, min_new_tokens=work.min_new(max_new_tokens),
-                                     length_penalty=1.0, early_stopping=BEAM_EARLY_STOPPING)  # (B, 1 + new)
+                                     num_return_sequences=1, max_new_tokens=max_new_tokens,
+                                     min_new_tokens=work.min_new(max_new_tokens), **beams)  # (B, 1 + new)
             for row in out[:, 1:].tolist():  # the first column is the decoder start token; tolist() syncs the GPU
                 end = next((k for k, t in enumerate(row) if t in eos), len(row))
                 outputs.append(row[:end])
