@@ -51,6 +51,7 @@ from seqserve.loadtest.bench_rows import (
     Workload,
     run_row,
 )
+from seqserve.loadtest.marian_twin import refusal
 from seqserve.model.checkpoint import CONFIG
 from seqserve.model.config import ModelConfig
 
@@ -154,8 +155,6 @@ def _transformers_skipped(cfg: BenchConfig, work: Workload) -> str | None:
         return "transformers-marian rows (--no-transformers)" if cfg.transformers is False else None
     if importlib.util.find_spec("transformers") is None:
         return "transformers-marian rows: transformers is not installed (pip install 'seqserve[hf]')"
-    from seqserve.loadtest.marian_twin import refusal
-
     why = refusal(ModelConfig.load(work.checkpoint / CONFIG))
     return f"transformers-marian rows: a MarianMTModel cannot compute {work.checkpoint}: {why}" if why else None
 

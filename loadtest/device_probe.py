@@ -16,6 +16,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from seqserve.server.device import Device, RuntimeConfig
+
 PROG = "python -m seqserve.loadtest.device_probe"
 PROVIDER_LINE, NO_CUDA = "provider: ", "no CUDA provider"
 PROBE_IR_VERSION = 10  # an IR every onnxruntime of the last years reads (onnx writes its newest by default)
@@ -37,8 +39,6 @@ def identity_model(path: Path) -> Path:
 
 def provider(device: str) -> str:
     """The provider a session gets under the server's --device rules (RuntimeError when cuda cannot be had)."""
-    from seqserve.server.device import Device, RuntimeConfig
-
     with tempfile.TemporaryDirectory(prefix="seqserve-probe-") as tmp:
         dev = Device(RuntimeConfig(device=device))
         return dev.session(identity_model(Path(tmp) / "probe.onnx")).get_providers()[0]

@@ -29,7 +29,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from seqserve.export.bundle import export_bundle
+from seqserve.loadtest import shapes
+from seqserve.loadtest.bench_report import machine
 from seqserve.loadtest.device_probe import NO_CUDA, PROVIDER_LINE
+from seqserve.model.config import ModelConfig
 
 PROG = "python -m seqserve.loadtest.gpu_check"
 DEFAULT_OUT = Path("reports") / "gpu-check.md"
@@ -93,10 +97,6 @@ def _python(*args: str) -> list[str]:
 
 def quick_model(work: Path) -> tuple[Path, Path]:
     """A tiny random-weight checkpoint and its bundle under work (made once): --quick needs no training."""
-    from seqserve.export.bundle import export_bundle
-    from seqserve.loadtest import shapes
-    from seqserve.model.config import ModelConfig
-
     checkpoint, bundle = work / "quick" / "checkpoint", work / "quick" / "bundle"
     if not (bundle / "manifest.json").is_file():
         cfg = ModelConfig(vocab_size=256, d_model=32, n_heads=2, n_encoder_layers=2, n_decoder_layers=2, d_ff=64,
@@ -199,8 +199,6 @@ def check(cfg: GpuCheckConfig, command: str) -> int:
     probe = Section("device", "Device and provider",
                     _python("-m", "seqserve.loadtest.device_probe", "--device", cfg.device))
     first = run(probe, cfg.work, cfg.section_timeout_s, "", lambda s, out: probe_provider(out))
-    from seqserve.loadtest.bench_report import machine
-
     host = machine()
     cpu = f"CPU {host['cpu']}, {host['usable_cores']} usable cores"
     device = f"GPU {gpu_line(first.output)}; {cpu}" if cfg.device == "cuda" else cpu

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from seqserve.model.checkpoint import CONFIG, load_model, tied_names
 from seqserve.model.config import ModelConfig
+from seqserve.model.hf_import import _hf_names
 
 MODEL_PREFIX = "model."  # MarianMTModel's state-dict names, but lm_head and final_logits_bias, start with it
 MARIAN_POSITIONS = ("sinusoidal", "sinusoidal_halves")  # a fixed sinusoid table: Marian's embed_positions holds it
@@ -57,9 +59,6 @@ def load(checkpoint: str | Path):
     docstring); raises ValueError naming the checkpoint when refusal() has a reason."""
     import torch
     from transformers import MarianMTModel
-
-    from seqserve.model.checkpoint import CONFIG, load_model, tied_names
-    from seqserve.model.hf_import import _hf_names
 
     checkpoint = Path(checkpoint)
     cfg = ModelConfig.load(checkpoint / CONFIG)
