@@ -188,5 +188,6 @@ def from_args(args: argparse.Namespace) -> BenchConfig:
                        min_new_tokens=args.min_new_tokens, num_beams=args.num_beams,
                        beam_batch_sizes=tuple(args.beam_batch_sizes), kv_cache=args.kv_cache, threads=args.threads,
                        device=args.device, seed=args.seed, shape_dir=path(args.shape_dir),
-                       ctranslate2=args.ctranslate2, transformers=args.transformers, ctranslate2_dir=path(args.ctranslate2_dir), out=path(args.out),
+                       ctranslate2=args.ctranslate2, transformers=args.transformers,
+                       ctranslate2_dir=path(args.ctranslate2_dir), out=path(args.out),
                        markdown=path(args.markdown), progress=not args.quiet)
