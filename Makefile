@@ -18,7 +18,7 @@ THREADS_ENV := $(if $(THREADS),OMP_NUM_THREADS=$(THREADS))
 
 # A recipe that fails deletes the target it was making, so a half-written file never counts as done.
 .DELETE_ON_ERROR:
-.PHONY: venv test serve train export verify protos clean
+.PHONY: venv test serve train export verify protos clean gpu-check
 
 # The venv is rebuilt whenever pyproject.toml changes. pip prints each package it fetches (no -q): the first
 # install takes minutes and should not look stuck.
@@ -57,6 +57,15 @@ serve: venv $(BUNDLE)/verified.json
 # Regenerates the committed gRPC stubs from protos/ (tests/server/test_stubs.py fails when they are stale).
 protos: venv
 	$(PY) -m seqserve.protogen
+
+# The GPU figures checked with one command (docs/benchmarks.md "GPU check"): the CUDA test suite, the bench rows with
+# transformers' generate, and the step profile, into one markdown report. DEVICE=cpu runs the same steps on the CPU;
+# GPU_CHECK_QUICK=1 runs them at tiny sizes. PY=python3 on the command line uses that interpreter instead of the venv.
+DEVICE ?= cuda
+GPU_CHECK_REPORT ?= reports/gpu-check.md
+GPU_CHECK_QUICK ?=
+gpu-check: $(if $(filter command line,$(origin PY)),,venv)
+	$(PY) -m seqserve.loadtest.gpu_check --device $(DEVICE) --out $(GPU_CHECK_REPORT) $(if $(GPU_CHECK_QUICK),--quick)
 
 clean:
 	rm -rf $(VENV) $(ARTIFACTS) .pytest_cache

@@ -4,7 +4,10 @@ Greedy rows: PyTorch without a KV cache (the whole decoder recomputed each step)
 engine on onnxruntime (fp32 and int8; the server's own Runner/Scheduler/Engine, continuous batching with
 max_batch_size = the row's batch size, every request submitted up-front), graph-loop (the same ONNX graphs driven
 by a bare static-batch loop: the engine's ceiling, loadtest/graph_loop.py), and CTranslate2 (fp32 and int8) from a
-converted checkpoint. Beam rows: the engine with num_beams beside CTranslate2's beam_size on the same inputs.
+converted checkpoint, and transformers-marian (fp32; fp16 too on cuda): the checkpoint's own weights in a transformers
+MarianMTModel decoded by its generate on the same device (loadtest/marian_twin.py), the anchor a user would reach
+for; on by default for base/small, --transformers adds it to a trained checkpoint. Beam rows: the engine with
+num_beams beside CTranslate2's beam_size and transformers' num_beams on the same inputs.
 
 --shape default runs the given checkpoint on its held-out inputs; base and small run random-weight models of those
 sizes on random sources (loadtest/shapes.py), every backend forced to the same output length (min_new_tokens =
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import importlib.util
 import json
 import multiprocessing
 import os
@@ -41,19 +45,25 @@ from seqserve.loadtest.bench_rows import (
     PYTORCH_KV_CACHE,
     PYTORCH_NO_CACHE,
     TRANSFORMERS,
+    TRANSFORMERS_MARIAN,
     RowRun,
     RowSpec,
     Workload,
     run_row,
 )
+from seqserve.loadtest.marian_twin import refusal
+from seqserve.model.checkpoint import CONFIG
+from seqserve.model.config import ModelConfig
 
 # Each device's precisions: dynamic int8 is a CPU variant (the CUDA provider runs its integer ops on the host),
 # fp16 a GPU one (the CPU provider casts most float16 ops back to float32). auto runs whichever the bundle has.
 PRECISIONS = {"cpu": ("fp32", "int8"), "cuda": ("fp32", "fp16"), "auto": ("fp32", "int8", "fp16")}
 CT2_PRECISIONS = {"cpu": ("fp32", "int8"), "cuda": ("fp32", "int8", "fp16"), "auto": ("fp32", "int8")}
+TRANSFORMERS_PRECISIONS = {"cpu": ("fp32",), "cuda": ("fp32", "fp16"), "auto": ("fp32",)}  # torch's fp16 is a GPU one
 
 
-def plan(cfg: BenchConfig, variants: list[str], with_ctranslate2: bool, with_pytorch: bool = True) -> list[RowSpec]:
+def plan(cfg: BenchConfig, variants: list[str], with_ctranslate2: bool, with_pytorch: bool = True,
+         with_transformers: bool = False) -> list[RowSpec]:
     rows = [RowSpec(backend, "fp32", b) for backend in (PYTORCH_NO_CACHE, PYTORCH_KV_CACHE)
             for b in cfg.torch_batch_sizes] if with_pytorch else []
     if cfg.hf_dir is not None:  # the original model's own generate: the reference of every row's tokens
@@ -63,9 +73,12 @@ def plan(cfg: BenchConfig, variants: list[str], with_ctranslate2: bool, with_pyt
     rows += [RowSpec(backend, p, b) for p in ours for backend in (ENGINE, GRAPH_LOOP) for b in cfg.batch_sizes]
     theirs = CT2_PRECISIONS[cfg.device] if with_ctranslate2 else ()
     rows += [RowSpec(CTRANSLATE2, p, b) for p in theirs for b in cfg.batch_sizes]
+    anchor = TRANSFORMERS_PRECISIONS[cfg.device] if with_transformers else ()
+    rows += [RowSpec(TRANSFORMERS_MARIAN, p, b) for p in anchor for b in cfg.batch_sizes]
     if cfg.num_beams > 1:
         rows += [RowSpec(ENGINE, p, b, cfg.num_beams) for p in ours for b in cfg.beam_batch_sizes]
         rows += [RowSpec(CTRANSLATE2, p, b, cfg.num_beams) for p in theirs for b in cfg.beam_batch_sizes]
+        rows += [RowSpec(TRANSFORMERS_MARIAN, p, b, cfg.num_beams) for p in anchor for b in cfg.beam_batch_sizes]
     return rows
 
 
@@ -80,7 +93,7 @@ def _models(cfg: BenchConfig, stack: ExitStack, skipped: list[str]) -> tuple[Pat
     if cfg.random:
         work = cfg.shape_dir or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="seqserve-bench-shape-")))
         made = shapes.prepare(cfg.shape, work, cfg.seed, cfg.num_inputs, cfg.resolved_max_new(0),
-                              convert, cfg.progress)
+                              convert, cfg.progress, fp16=cfg.device != "cpu")  # fp16: the GPU's engine rows
         return made.checkpoint, made.bundle, made.ctranslate2_dir
     bundle = cfg.bundle
     if bundle is None:
@@ -134,6 +147,16 @@ def _pytorch_skipped(cfg: BenchConfig, work: Workload) -> str | None:
         return "PyTorch rows: model.decoding.greedy_decode has no min_new_tokens (the fp32 graph-loop row is the " \
                "reference)"
     return None
+
+
+def _transformers_skipped(cfg: BenchConfig, work: Workload) -> str | None:
+    """Why the transformers-marian rows asked for cannot run, or None (also None when they were not asked for)."""
+    if not cfg.with_transformers:
+        return "transformers-marian rows (--no-transformers)" if cfg.transformers is False else None
+    if importlib.util.find_spec("transformers") is None:
+        return "transformers-marian rows: transformers is not installed (pip install 'seqserve[hf]')"
+    why = refusal(ModelConfig.load(work.checkpoint / CONFIG))
+    return f"transformers-marian rows: a MarianMTModel cannot compute {work.checkpoint}: {why}" if why else None
 
 
 def run_rows(specs: list[RowSpec], work: Workload, progress: bool) -> list[RowRun]:
@@ -205,7 +228,10 @@ def bench(cfg: BenchConfig) -> dict:
                     for p in PRECISIONS[cfg.device] if p not in variants]
         no_torch = _pytorch_skipped(cfg, work)
         skipped += [no_torch] if no_torch else []
-        specs = plan(cfg, variants, ct2 is not None, with_pytorch=no_torch is None)
+        no_transformers = _transformers_skipped(cfg, work)
+        skipped += [no_transformers] if no_transformers else []
+        specs = plan(cfg, variants, ct2 is not None, with_pytorch=no_torch is None,
+                     with_transformers=cfg.with_transformers and no_transformers is None)
         machine = bench_report.machine()
         runs = run_rows(specs, work, cfg.progress)
     refs = references(specs)

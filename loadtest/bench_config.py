@@ -40,6 +40,8 @@ class BenchConfig:
     seed: int = 0  # base/small: weights and sources
     shape_dir: Path | None = None  # base/small: where the checkpoint, bundle and CTranslate2 model are kept and reused
     ctranslate2: bool = True
+    # transformers-marian rows (the checkpoint's weights in transformers' MarianMTModel): None = on for base/small
+    transformers: bool | None = None
     ctranslate2_dir: Path | None = None  # a converted model to reuse; None = convert the checkpoint on the fly
     out: Path | None = None  # JSON; None = reports/bench-<timestamp>.json
     markdown: Path | None = None  # also write the markdown section (command, machine, table) here
@@ -63,6 +65,9 @@ class BenchConfig:
                                         or self.ctranslate2_dir):
             raise ValueError("--hf imports its own checkpoint and bundle and converts its own CTranslate2 model "
                              "(--shape-dir keeps them): drop --shape, --checkpoint, --bundle and --ctranslate2")
+        if self.hf_dir is not None and self.transformers is not None:
+            raise ValueError("--hf runs the original model's own transformers rows: drop --transformers and "
+                             "--no-transformers")
         if self.shape == "default" and self.checkpoint is None and self.hf_dir is None:
             raise ValueError("--shape default needs --checkpoint (or --hf DIR)")
         if self.shape != "default" and (self.checkpoint or self.bundle or self.ctranslate2_dir):
@@ -73,6 +78,13 @@ class BenchConfig:
     def random(self) -> bool:
         """base/small and --hf: random sources, every backend forced to the same output length."""
         return self.shape != "default" or self.hf_dir is not None
+
+    @property
+    def with_transformers(self) -> bool:
+        """transformers-marian rows: asked for, or by default on the random-weight shapes (never with --hf)."""
+        if self.hf_dir is not None:
+            return False
+        return self.transformers if self.transformers is not None else self.shape != "default"
 
     def resolved_max_new(self, bundle_max_new: int) -> int:
         return self.max_new_tokens or (FORCED_TOKENS if self.random else bundle_max_new)
@@ -99,6 +111,8 @@ class BenchConfig:
                   "--min-new-tokens", str(min_new_tokens), "--num-beams", str(self.num_beams),
                   "--beam-batch-sizes", _join(self.beam_batch_sizes), "--kv-cache", self.kv_cache,
                   "--threads", str(self.threads), "--device", self.device]
+        if self.hf_dir is None:
+            parts.append("--transformers" if self.with_transformers else "--no-transformers")
         if not self.ctranslate2:
             parts.append("--no-ctranslate2")
         elif self.ctranslate2_dir:
@@ -154,6 +168,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", choices=DEVICES, default="cpu",
                    help="every backend (PyTorch: cuda only if torch sees a GPU)")
     p.add_argument("--no-ctranslate2", dest="ctranslate2", action="store_false", help="skip the CTranslate2 rows")
+    p.add_argument("--transformers", action=argparse.BooleanOptionalAction, default=None,
+                   help="transformers-marian rows: the checkpoint's own weights in a transformers MarianMTModel, "
+                        "decoded by its generate on the same device and inputs (fp32; fp16 too on cuda), greedy and "
+                        "beam (default: on for base/small, off for a trained checkpoint)")
     p.add_argument("--ctranslate2", dest="ctranslate2_dir", metavar="DIR",
                    help="reuse a model converted by `seqserve export --ctranslate2 DIR` (default: convert on the fly)")
     p.add_argument("--out", help="JSON report (default: reports/bench-<timestamp>.json)")
@@ -170,5 +188,6 @@ def from_args(args: argparse.Namespace) -> BenchConfig:
                        min_new_tokens=args.min_new_tokens, num_beams=args.num_beams,
                        beam_batch_sizes=tuple(args.beam_batch_sizes), kv_cache=args.kv_cache, threads=args.threads,
                        device=args.device, seed=args.seed, shape_dir=path(args.shape_dir),
-                       ctranslate2=args.ctranslate2, ctranslate2_dir=path(args.ctranslate2_dir), out=path(args.out),
+                       ctranslate2=args.ctranslate2, transformers=args.transformers,
+                       ctranslate2_dir=path(args.ctranslate2_dir), out=path(args.out),
                        markdown=path(args.markdown), progress=not args.quiet)

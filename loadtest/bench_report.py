@@ -6,6 +6,8 @@ import os
 import platform
 from pathlib import Path
 
+from seqserve.loadtest.bench_rows import TRANSFORMERS, TRANSFORMERS_MARIAN
+
 FIELDS = {
     "tokens_per_s": "generated_tokens / wall_s",
     "generated_tokens": "tokens generated over all inputs, end tokens not counted (as the server's usage counts)",
@@ -26,6 +28,8 @@ RATIO_FIELDS = {
     "engine_per_graph_loop": "engine tokens/s / graph-loop tokens/s at the same precision and batch size (1.0 = no "
                              "engine overhead over its own graph)",
     "engine_per_ctranslate2": "engine tokens/s / CTranslate2 tokens/s at the same precision, batch size and width",
+    "engine_per_transformers": "engine tokens/s / transformers generate tokens/s (transformers-marian, or the "
+                               "original model's under --hf) at the same precision, batch size and width",
 }
 PACKAGES = ("seqserve", "torch", "onnxruntime-gpu", "onnxruntime", "ctranslate2", "numpy", "tokenizers")
 COLUMNS = (("row", "name"), ("tokens/s", "tokens_per_s"), ("ms/input @b1", "mean_latency_ms_batch1"),
@@ -35,7 +39,9 @@ TEXT_KEYS = {"name", "device", "graph", "precision"}  # left-aligned columns; nu
 RATIO_COLUMNS = (("precision", "precision"), ("batch", "batch_size"), ("beams", "num_beams"),
                  ("engine tokens/s", "engine"), ("graph-loop tokens/s", "graph_loop"),
                  ("CTranslate2 tokens/s", "ctranslate2"), ("engine / graph-loop", "engine_per_graph_loop"),
-                 ("engine / CTranslate2", "engine_per_ctranslate2"))
+                 ("engine / CTranslate2", "engine_per_ctranslate2"), ("transformers tokens/s", "transformers"),
+                 ("engine / transformers", "engine_per_transformers"))
+TRANSFORMERS_BACKENDS = (TRANSFORMERS_MARIAN, TRANSFORMERS)
 
 
 def _cpu_model() -> str:
@@ -115,7 +121,8 @@ def markdown_table(rows: list[dict], columns: tuple = COLUMNS) -> str:
 
 
 def ratios(rows: list[dict]) -> list[dict]:
-    """Per precision, batch size and width: the engine against its own graph (graph-loop) and CTranslate2."""
+    """Per precision, batch size and width: the engine against its own graph (graph-loop), CTranslate2 and
+    transformers' generate."""
     tps = {(r["backend"], r["precision"], r["batch_size"], r["num_beams"]): r["tokens_per_s"] for r in rows}
     out = []
     for backend, precision, batch, beams in tps:
@@ -123,10 +130,12 @@ def ratios(rows: list[dict]) -> list[dict]:
             continue
         engine, loop = tps[backend, precision, batch, beams], tps.get(("graph-loop", precision, batch, beams))
         ct2 = tps.get(("ctranslate2", precision, batch, beams))
+        hf = next((tps[k] for k in ((b, precision, batch, beams) for b in TRANSFORMERS_BACKENDS) if k in tps), None)
         out.append({"precision": precision, "batch_size": batch, "num_beams": beams, "engine": engine,
-                    "graph_loop": loop, "ctranslate2": ct2,
+                    "graph_loop": loop, "ctranslate2": ct2, "transformers": hf,
                     "engine_per_graph_loop": round(engine / loop, 3) if loop else None,
-                    "engine_per_ctranslate2": round(engine / ct2, 3) if ct2 else None})
+                    "engine_per_ctranslate2": round(engine / ct2, 3) if ct2 else None,
+                    "engine_per_transformers": round(engine / hf, 3) if hf else None})
     return out
 
 
@@ -159,7 +168,7 @@ def markdown_section(report: dict, title: str) -> str:
            f"{s['n_inputs']} inputs ({s['inputs']}), {s['decoding']}, max_new_tokens {s['max_new_tokens']}, "
            f"min_new_tokens {s['min_new_tokens']}, intra-op threads {s['threads']}; reference: "
            f"`{report['reference']}`{beam_ref}; peak RSS is each row's own fresh process.", "",
-           markdown_table(report["rows"]), "", "### Engine against its own graph and CTranslate2", "",
+           markdown_table(report["rows"]), "", "### Engine against its own graph, CTranslate2 and transformers", "",
            markdown_table(report["ratios"], RATIO_COLUMNS), ""]
     summary = report["engine_batching"]
     if summary:

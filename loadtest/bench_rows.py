@@ -18,6 +18,8 @@ from pathlib import Path
 
 PYTORCH_NO_CACHE, PYTORCH_KV_CACHE = "pytorch-no-cache", "pytorch-kv-cache"
 TRANSFORMERS = "transformers"  # `bench --hf`: the original model's own generate, the oracle of token agreement
+# --shape base|small: the checkpoint's own weights in a transformers MarianMTModel (exact), the speed anchor
+TRANSFORMERS_MARIAN = "transformers-marian"
 ENGINE, GRAPH_LOOP, CTRANSLATE2 = "seqserve-engine", "graph-loop", "ctranslate2"
 WARMUP_TOKENS = 2
 # Beam rows: ours stop as soon as num_beams hypotheses are finished, the rule CTranslate2 has (patience 1); HF's
@@ -36,7 +38,7 @@ class Workload:
     max_new_tokens: int
     threads: int
     device: str  # engine and CTranslate2: cpu | cuda | auto
-    checkpoint: Path | None  # PyTorch rows only
+    checkpoint: Path | None  # PyTorch and transformers-marian rows
     bundle: Path
     ctranslate2_dir: Path | None = None
     min_new_tokens: int = 0  # the end token is suppressed before this many tokens, on every backend
@@ -60,7 +62,7 @@ class Workload:
 @dataclass(frozen=True)
 class RowSpec:
     backend: str
-    precision: str  # fp32 | int8
+    precision: str  # fp32 | int8 | fp16
     batch_size: int  # sources decoded together (a beam row holds num_beams decoder rows per source)
     num_beams: int = 1  # 1 = greedy
 
@@ -123,16 +125,29 @@ def _pytorch(spec: RowSpec, work: Workload) -> Loaded:
 
 
 def _transformers(spec: RowSpec, work: Workload) -> Loaded:
-    """transformers' own generate on the original directory: static batches, right-padded, under the model's
-    generation_config (bad_words_ids, forced BOS/EOS, renormalize_logits), as the engine serves it."""
+    """transformers' own generate, static batches, right-padded: on the original directory under its
+    generation_config (bad_words_ids, forced BOS/EOS, renormalize_logits), as the engine serves it (`bench --hf`), or
+    on the checkpoint's own weights in a MarianMTModel (transformers-marian, loadtest/marian_twin.py). fp16 = the
+    model cast to half precision (a GPU row)."""
     import torch
-    from transformers import AutoModelForSeq2SeqLM
 
     torch.set_num_threads(work.threads)
-    model = AutoModelForSeq2SeqLM.from_pretrained(str(work.hf_dir)).eval()
+    device = torch_device(work.device)
+    if spec.backend == TRANSFORMERS:
+        from transformers import AutoModelForSeq2SeqLM
+
+        model = AutoModelForSeq2SeqLM.from_pretrained(str(work.hf_dir)).eval()
+    else:
+        from seqserve.loadtest import marian_twin
+
+        model = marian_twin.load(work.checkpoint)
+    model = model.to(device, torch.float16 if spec.precision == "fp16" else torch.float32)
     pad = model.generation_config.pad_token_id
     eos = model.generation_config.eos_token_id
     eos = set(eos if isinstance(eos, list) else [eos])
+    # beam settings only on beam rows: greedy generate warns that they are ignored
+    beams = ({"num_beams": spec.num_beams, "length_penalty": 1.0, "early_stopping": BEAM_EARLY_STOPPING}
+             if spec.num_beams > 1 else {"num_beams": 1})
 
     def generate(sources: list[list[int]], max_new_tokens: int) -> list[list[int]]:
         outputs = []
@@ -144,16 +159,26 @@ def _transformers(spec: RowSpec, work: Workload) -> Loaded:
             for row, source in enumerate(batch):
                 ids[row, : len(source)], mask[row, : len(source)] = torch.tensor(source), 1
             with torch.no_grad():
-                out = model.generate(input_ids=ids, attention_mask=mask, do_sample=False, num_beams=spec.num_beams,
+                out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), do_sample=False,
                                      num_return_sequences=1, max_new_tokens=max_new_tokens,
-                                     min_new_tokens=work.min_new(max_new_tokens), length_penalty=1.0,
-                                     early_stopping=BEAM_EARLY_STOPPING)  # (B, 1 + new)
-            for row in out[:, 1:].tolist():  # the first column is the decoder start token
+                                     min_new_tokens=work.min_new(max_new_tokens), **beams)  # (B, 1 + new)
+            for row in out[:, 1:].tolist():  # the first column is the decoder start token; tolist() syncs the GPU
                 end = next((k for k, t in enumerate(row) if t in eos), len(row))
                 outputs.append(row[:end])
         return outputs
 
-    return generate, "torch-cpu", None
+    return generate, f"torch-{device}", None
+
+
+def torch_device(device: str) -> str:
+    """torch's device for a row: cuda when asked (an error if torch sees no GPU: a CPU figure must never pass for a
+    GPU one), auto = cuda when torch sees one."""
+    import torch
+
+    if device == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError(f"--device cuda: torch {torch.__version__} sees no CUDA GPU (a CPU-only build, or no "
+                           "driver)")
+    return "cuda" if device != "cpu" and torch.cuda.is_available() else "cpu"
 
 
 def _runtime(work: Workload):
@@ -227,4 +252,5 @@ def _ctranslate2(spec: RowSpec, work: Workload) -> Loaded:
 
 LOADERS: dict[str, Callable[[RowSpec, Workload], Loaded]] = {
     PYTORCH_NO_CACHE: _pytorch, PYTORCH_KV_CACHE: _pytorch, ENGINE: _engine, GRAPH_LOOP: _graph_loop,
-    CTRANSLATE2: _ctranslate2, TRANSFORMERS: _transformers}
+    CTRANSLATE2: _ctranslate2, TRANSFORMERS: _transformers,
+    TRANSFORMERS_MARIAN: _transformers}

@@ -5,9 +5,11 @@
 On one machine, in one run:
   1. the engine offline (Engine.generate, no gRPC) pinned to the server's core, 1 intra-op thread: tokens/s at batch
      --max-batch-size and the time per input at batch 1, on the bundle's held-out inputs;
-  2. `seqserve serve` pinned with `taskset -c <server core>` (1 intra-op thread, spinning off, max batch
-     --max-batch-size), and a grpc.aio client (loadtest/bench_streams.py) in a process pinned to the other core:
-     --streams concurrent streams for a timed window, then --sequential-requests calls one at a time.
+  2. `seqserve serve --device DEVICE` pinned with `taskset -c <server core>` (1 intra-op thread, spinning off, max
+     batch --max-batch-size), and --client-processes grpc.aio client processes (loadtest/bench_streams.py), each
+     pinned to one of the other cores (from --client-core on, in turn): --streams concurrent streams shared among
+     them for a timed window, then --sequential-requests calls one at a time. The clients' CPU time over the window
+     is reported next to the server's, so a client limit is never read as a server one.
 Every generation is forced to --max-new-tokens tokens (min_new_tokens = max_new_tokens), offline and served. The
 ratios: served tokens/s (the server's own /metrics count over the window) / offline tokens/s at the same batch, and
 offline ms per input at batch 1 / served ms per call at concurrency 1 (1.0 = the gRPC path costs nothing).
@@ -38,9 +40,12 @@ from seqserve.contract.tokenizer import load_tokenizer
 from seqserve.contract.tsv import heldout_pairs
 from seqserve.loadtest import bench_report, bench_streams
 from seqserve.loadtest.bench_rows import ENGINE, RowSpec, Workload, run_row
+from seqserve.contract.devices import DEVICES
 from seqserve.server.healthcheck import check
 
 PROG = "python -m seqserve.loadtest.server_bench"
+MAX_CLIENT_PROCESSES = 64
+DEFAULT_CLIENT_PROCESSES = 4  # and at most one per usable core: enough processes that one client core is no limit
 
 
 @dataclass(frozen=True)
@@ -58,6 +63,8 @@ class ServerBenchConfig:
     client_core: int = 1
     threads: int = 1  # intra-op threads, server and offline engine
     startup_timeout_s: float = 300.0
+    device: str = "cpu"  # the served engine's and the offline engine's (cuda: onnxruntime's CUDA provider)
+    client_processes: int | None = None  # None = DEFAULT_CLIENT_PROCESSES, at most one per usable core
     inputs: Path | None = None  # one source text per line, instead of the bundle's held-out split (an imported model)
     out: Path | None = None
     markdown: Path | None = None
@@ -69,14 +76,29 @@ class ServerBenchConfig:
         usable = os.sched_getaffinity(0)
         if self.server_core not in usable or self.client_core not in usable or self.server_core == self.client_core:
             raise ValueError(f"--server-core and --client-core must be two different cores of {sorted(usable)}")
+        if self.device not in DEVICES:
+            raise ValueError(f"--device must be one of {DEVICES}, got {self.device!r}")
+        if self.client_processes is None:
+            object.__setattr__(self, "client_processes", min(DEFAULT_CLIENT_PROCESSES, len(usable)))
+        if not 1 <= self.client_processes <= min(MAX_CLIENT_PROCESSES, self.streams):
+            raise ValueError(f"--client-processes must be between 1 and {MAX_CLIENT_PROCESSES} and at most --streams "
+                             f"({self.streams}), got {self.client_processes}")
+
+    @property
+    def client_cores(self) -> list[int]:
+        """Each client process's core: the usable cores but the server's, from --client-core on, in turn."""
+        others = sorted(os.sched_getaffinity(0) - {self.server_core})
+        first = others.index(self.client_core)
+        return [others[(first + i) % len(others)] for i in range(self.client_processes)]
 
     def command(self) -> str:
         parts = [*shlex.split(PROG), "--bundle", str(self.bundle), "--variant", self.variant, "--streams",
                  str(self.streams), "--max-batch-size", str(self.max_batch_size), "--max-new-tokens",
                  str(self.max_new_tokens), "--warmup", str(self.warmup_s), "--duration", str(self.duration_s),
                  "--sequential-requests", str(self.sequential_requests), "-n", str(self.num_inputs),
-                 "--server-core", str(self.server_core), "--client-core", str(self.client_core), "--threads",
-                 str(self.threads)]
+                 "--server-core", str(self.server_core), "--client-core", str(self.client_core),
+                 "--client-processes", str(self.client_processes), "--threads", str(self.threads), "--device",
+                 self.device]
         if self.inputs is not None:
             parts += ["--inputs", str(self.inputs)]
         return shlex.join(parts)
@@ -91,7 +113,7 @@ def _pinned(core: int, fn, *args):
 
 def offline(cfg: ServerBenchConfig, sources: list[list[int]]) -> dict:
     """The engine without gRPC on the server's core: batch max_batch_size and batch 1, forced length."""
-    work = Workload(sources, cfg.max_new_tokens, cfg.threads, "cpu", None, cfg.bundle,
+    work = Workload(sources, cfg.max_new_tokens, cfg.threads, cfg.device, None, cfg.bundle,
                     min_new_tokens=cfg.max_new_tokens)
     out = {}
     for batch in (cfg.max_batch_size, 1):
@@ -114,14 +136,15 @@ def server_argv(cfg: ServerBenchConfig, port: int, metrics_port: int) -> list[st
     if shutil.which("taskset") is None:
         raise ValueError("taskset (util-linux) is needed to pin the server")
     return ["taskset", "-c", str(cfg.server_core), sys.executable, "-m", "seqserve.cli.main", "serve", "--bundle",
-            str(cfg.bundle), "--variant", cfg.variant, "--device", "cpu", "--port", str(port), "--metrics-port",
+            str(cfg.bundle), "--variant", cfg.variant, "--device", cfg.device, "--port", str(port), "--metrics-port",
             str(metrics_port), "--intra-op-threads", str(cfg.threads), "--no-allow-spinning", "--max-batch-size",
             str(cfg.max_batch_size), "--max-waiting", str(max(256, 2 * cfg.streams)), "--log-level", "WARNING"]
 
 
 @contextlib.contextmanager
 def served(cfg: ServerBenchConfig):
-    """`seqserve serve` pinned to the server core, until it answers SERVING; yields (argv, address, metrics URL)."""
+    """`seqserve serve` pinned to the server core, until it answers SERVING; yields (argv, address, metrics URL,
+    its process id)."""
     port, metrics_port = _free_port(), _free_port()
     argv = server_argv(cfg, port, metrics_port)
     address = f"127.0.0.1:{port}"
@@ -134,7 +157,7 @@ def served(cfg: ServerBenchConfig):
                     log.seek(0)
                     raise RuntimeError(f"the server did not come up: {log.read()[-2000:]}")
                 time.sleep(0.2)
-            yield argv, address, f"http://127.0.0.1:{metrics_port}/metrics"
+            yield argv, address, f"http://127.0.0.1:{metrics_port}/metrics", proc.pid  # taskset execs: the server
         finally:
             proc.send_signal(signal.SIGTERM)
             try:
@@ -171,12 +194,13 @@ def bench(cfg: ServerBenchConfig) -> dict:
     sources = [tokenizer.encode(text).ids for text in texts]
     before, machine = uptime(), bench_report.machine()
     engine = offline(cfg, sources)
-    with served(cfg) as (argv, address, metrics_url):
+    with served(cfg) as (argv, address, metrics_url, pid):
         load = bench_streams.StreamLoad(address, metrics_url, texts, cfg.streams, cfg.warmup_s,
-                                        cfg.duration_s, cfg.max_new_tokens, cfg.sequential_requests, cfg.client_core)
-        client = _pinned(cfg.client_core, bench_streams.run, load)
+                                        cfg.duration_s, cfg.max_new_tokens, cfg.sequential_requests, server_pid=pid)
+        budget = cfg.startup_timeout_s + cfg.warmup_s + cfg.duration_s + bench_streams.RESULT_SLACK_S
+        client = bench_streams.run_processes(load, cfg.client_cores, budget + cfg.sequential_requests)
     batched, one = engine[f"b{cfg.max_batch_size}"], engine["b1"]
-    machine["onnxruntime_providers_used"] = [one["device"]]  # the server runs the same (--device cpu)
+    machine["onnxruntime_providers_used"] = [one["device"]]  # the server runs the same (--device is passed on)
     concurrent, sequential = client["concurrent"], client["sequential"]
     concurrent["engine_offline_tokens_per_s"] = batched["tokens_per_s"]
     concurrent["server_per_engine"] = round(concurrent["server_tokens_per_s"] / batched["tokens_per_s"], 3)
@@ -202,12 +226,23 @@ def table(report: dict) -> str:
         f"{s['engine_offline_ms_per_input']:.2f} (batch 1) | {s['engine_per_server']:.2f}x |"])
 
 
+def cpu_line(report: dict) -> str:
+    """Who was busy in the timed window: the server's process and every client process, in cores."""
+    c = report["concurrent"]
+    server = (f"server {c['server_cpu_cores_busy']:.2f} cores ({c['server_cpu_s']:.1f} s)"
+              if c["server_cpu_s"] is not None else "server not measured")
+    each = ", ".join(f"{p['cpu_cores_busy']:.2f} on core {p['core']}" for p in c["client_cpu_per_process"])
+    return (f"CPU over the {c['window_s']:.1f} s window: {server}; {c['client_processes']} client process(es) "
+            f"{c['client_cpu_cores_busy']:.2f} cores ({c['client_cpu_s']:.1f} s: {each}). A client process near "
+            "1.00 is the limit of the figures, not the server.")
+
+
 def markdown_section(report: dict) -> str:
     return "\n".join(["## Pinned server benchmark", "", "```", report["command"], "```", "",
                       f"Server: `{report['server_command']}`.", "",
                       f"Machine: {bench_report.describe(report['machine'])}.",
                       f"`uptime` before: `{report['uptime_before']}`; after: `{report['uptime_after']}`.", "",
-                      table(report), ""])
+                      table(report), "", cpu_line(report), ""])
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -224,7 +259,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-n", "--num-inputs", type=int, default=d.num_inputs, help="inputs (first N)")
     p.add_argument("--inputs", help="source texts, one per line (default: the bundle's heldout.tsv)")
     p.add_argument("--server-core", type=int, default=d.server_core, help="core of the server and offline engine")
-    p.add_argument("--client-core", type=int, default=d.client_core, help="core of the gRPC client")
+    p.add_argument("--client-core", type=int, default=d.client_core,
+                   help="core of the first client process; the others take the next usable cores but the server's")
+    p.add_argument("--client-processes", type=int,
+                   help=f"gRPC client processes sharing the streams (1-{MAX_CLIENT_PROCESSES}, at most --streams; "
+                        f"default: {DEFAULT_CLIENT_PROCESSES}, at most one per usable core)")
+    p.add_argument("--device", choices=DEVICES, default=d.device,
+                   help="the served engine's and the offline engine's onnxruntime device")
     p.add_argument("--threads", type=int, default=d.threads, help="intra-op threads (server and offline engine)")
     p.add_argument("--out", help="JSON report (default: reports/server-bench-<timestamp>.json)")
     p.add_argument("--markdown", help="also write the markdown section here")
@@ -239,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg = ServerBenchConfig(Path(a.bundle), a.variant, a.streams, a.max_batch_size, a.max_new_tokens, a.warmup,
                                 a.duration, a.sequential_requests, a.num_inputs, a.server_core, a.client_core,
                                 a.threads, inputs=path(a.inputs), out=path(a.out),
-                                markdown=path(a.markdown))
+                                markdown=path(a.markdown), device=a.device, client_processes=a.client_processes)
         report = bench(cfg)
     except (ValueError, FileNotFoundError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
@@ -248,6 +289,7 @@ def main(argv: list[str] | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")
     print(table(report))
+    print(cpu_line(report))
     print(f"uptime before: {report['uptime_before']}\nuptime after: {report['uptime_after']}\n-> {out}")
     if cfg.markdown is not None:
         cfg.markdown.parent.mkdir(parents=True, exist_ok=True)

@@ -82,20 +82,21 @@ def write_checkpoint(cfg: ModelConfig, out: str | Path, seed: int, n_sources: in
 
 
 def prepare(shape: str, work_dir: str | Path, seed: int, n_sources: int, max_new_tokens: int,
-            convert: Callable[[Path, Path], Path] | None = None, progress: bool = True) -> Prepared:
-    """checkpoint/, bundle/ (fp32 + int8) and, with convert, ctranslate2/ under work_dir; reused when work_dir was
-    prepared with exactly these settings before (export takes minutes for base)."""
+            convert: Callable[[Path, Path], Path] | None = None, progress: bool = True,
+            fp16: bool = False) -> Prepared:
+    """checkpoint/, bundle/ (fp32 + int8, + fp16 when asked: a GPU variant) and, with convert, ctranslate2/ under
+    work_dir; reused when work_dir was prepared with exactly these settings before (export takes minutes for base)."""
     work_dir = Path(work_dir)
     cfg = SHAPES[shape]
     cfg = replace(cfg, max_positions=max(cfg.max_positions, SOURCE_TOKENS, max_new_tokens + 1))
     marker = {"shape": shape, "config": cfg.to_dict(), "seed": seed, "n_sources": n_sources,
-              "max_new_tokens": max_new_tokens, "ctranslate2": convert is not None}
+              "max_new_tokens": max_new_tokens, "ctranslate2": convert is not None, "fp16": fp16}
     done = Prepared(work_dir / "checkpoint", work_dir / "bundle", work_dir / "ctranslate2" if convert else None)
     if _read(work_dir / MARKER) == marker:
         return done
     (work_dir / MARKER).unlink(missing_ok=True)
     write_checkpoint(cfg, done.checkpoint, seed, n_sources, max_new_tokens, name=f"random-{shape}")
-    export_bundle(done.checkpoint, done.bundle, int8=True, progress=progress)
+    export_bundle(done.checkpoint, done.bundle, int8=True, fp16=fp16, progress=progress)
     if convert is not None:
         convert(done.checkpoint, done.ctranslate2_dir)
     ck.write_json_atomic(work_dir / MARKER, marker)  # last: a half-prepared directory is never reused
