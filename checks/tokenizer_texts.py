@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import random
 
+from seqserve.model.corpus import KINDS, LANGS, make_example
+
 SEED = 0
 # Odd inputs a tokenizer must encode exactly as the original does (whitespace runs, invisible characters, scripts
 # and symbols the tokenizers never saw in training).
@@ -33,8 +35,7 @@ def real_strings(seed: int = SEED) -> list[str]:
     return list(seen)
 
 def pairs(seed: int, n: int) -> list[tuple[str, str]]:
-    from seqserve.model.corpus import KINDS, LANGS, make_example
-
+    """n (source, target) number sentences of model/corpus.py, seeded."""
     rng = random.Random(seed)
     return [make_example(rng, rng.choice(LANGS), rng.choice(KINDS)) for _ in range(n)]
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from seqserve.contract.jsonfile import MAX_JSON_BYTES, confined, read_bytes, read_object
+from seqserve.contract.jsonfile import confined, read_bytes, read_object
 from seqserve.contract.schema import MAX_VOCAB
 
-TOKENIZER_CONFIG, SPECIAL_TOKENS_MAP, ADDED_TOKENS = "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json"
-VOCAB, MERGES, TOKENIZER_JSON = "vocab.json", "merges.txt", "tokenizer.json"
+TOKENIZER_CONFIG, SPECIAL_TOKENS_MAP = "tokenizer_config.json", "special_tokens_map.json"
+ADDED_TOKENS, VOCAB, MERGES, TOKENIZER_JSON = "added_tokens.json", "vocab.json", "merges.txt", "tokenizer.json"
 SPM_FILES = ("source.spm", "target.spm", "sentencepiece.bpe.model")
 # Every tokenizer file the supported families' tokenizers (ours and transformers') read from the directory
 FILES = (TOKENIZER_CONFIG, SPECIAL_TOKENS_MAP, ADDED_TOKENS, VOCAB, MERGES, TOKENIZER_JSON, *SPM_FILES)
