@@ -157,7 +157,7 @@ def _verify(args: argparse.Namespace) -> int:
             raise ValueError("--hf needs --checkpoint (the checkpoint `seqserve import` wrote from that directory)")
         from seqserve.checks.hf_parity import hf_parity  # transformers only when asked for
 
-        rows += hf_parity(Path(args.checkpoint), Path(args.hf))
+        rows += hf_parity(Path(args.checkpoint), Path(args.hf), bundle=Path(args.bundle))
     print(format_table(rows, skipped))
     if not all(r.ok for r in rows):
         return 1
@@ -240,7 +240,8 @@ def _add_export_commands(sub) -> None:
     p.add_argument("bundle", help="bundle directory")
     p.add_argument("--checkpoint", help="the checkpoint it was exported from: adds the PyTorch parity checks")
     p.add_argument("--hf", metavar="HF_DIR", help="the Hugging Face directory the checkpoint was imported from: adds "
-                                                  "PyTorch vs transformers (logits within 1e-4; needs the hf extra)")
+                                                  "PyTorch vs transformers (logits within 1e-4) and the bundle's "
+                                                  "tokenizer ids vs transformers' (needs the hf extra)")
     p.add_argument("--n", type=int, default=256, help="held-out lines compared with PyTorch")
     p.add_argument("--quality-n", type=int, default=500, help="held-out lines for the variants vs fp32")
     p.add_argument("--device", choices=DEVICES, default="cpu",

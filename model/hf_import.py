@@ -26,7 +26,7 @@ from seqserve.contract.languages import LANGUAGES_FILE, Languages
 from seqserve.model import checkpoint as ck
 from seqserve.model.config import ModelConfig
 from seqserve.model.hf_families import FAMILIES
-from seqserve.model.hf_tokenizer import TokenizerImportError, convert_multilingual
+from seqserve.model.hf_tokenizer import TokenizerImportError, convert_multilingual, unk_token
 from seqserve.model.transformer import Transformer
 
 HF_CONFIG, HF_GENERATION, HF_WEIGHTS = "config.json", "generation_config.json", "model.safetensors"
@@ -232,14 +232,13 @@ def _tokenizer(hf_dir: Path):
     the model's languages or None)."""
     try:
         tok, languages = convert_multilingual(hf_dir)
+        unk = unk_token(hf_dir)
     except TokenizerImportError as exc:
         raise ImportRefused(str(exc)) from None
-    settings = hf_dir / "tokenizer_config.json"
-    unk = (_read_json(settings).get("unk_token") if settings.is_file() else None) or "<unk>"
-    unk = unk.get("content") if isinstance(unk, dict) else unk
     unk_id = tok.token_to_id(unk)
     if unk_id is None:
-        raise ImportRefused(f"{settings}: unk_token {unk!r} is not in the tokenizer's vocabulary")
+        raise ImportRefused(f"{hf_dir / 'tokenizer_config.json'}: unk_token {unk!r} is not in the tokenizer's "
+                            "vocabulary")
     return tok, unk_id, languages
 
 

@@ -15,8 +15,16 @@ from pathlib import Path
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
-from seqserve.contract.jsonfile import read_object
 from seqserve.contract.languages import PREFIX, SUFFIX, Languages
+from seqserve.model.hf_tokenizer_files import (
+    TOKENIZER_CONFIG,
+    TokenizerImportError,
+    check_directory,
+    path_of,
+    read_json,
+    special_token,
+    spm_proto,
+)
 
 MARIAN, BART, M2M100, MBART = "marian", "bart", "m2m_100", "mbart"
 FAMILIES = (MARIAN, BART, M2M100, MBART)
@@ -33,10 +41,6 @@ _PY_WHITESPACE = "".join(c for c in map(chr, range(0x110000)) if c.isspace())
 _NEVER_SCORE_BELOW = 1000.0
 
 
-class TokenizerImportError(ValueError):
-    """A tokenizer that cannot be converted exactly: the message names the file and the field."""
-
-
 def convert(hf_dir: str | Path) -> Tokenizer:
     """The model directory's tokenizer (config.json's model_type picks the family) as one `tokenizers` Tokenizer
     (a multilingual one without its source language token: see convert_multilingual)."""
@@ -48,13 +52,14 @@ def convert_multilingual(hf_dir: str | Path) -> tuple[Tokenizer, Languages | Non
     language token is placed by Languages.source_ids (contract/languages.py)."""
     hf_dir = Path(hf_dir)
     family = model_type(hf_dir)
+    check_directory(hf_dir)  # every tokenizer file confined, bounded and typed before anything parses it
     if family == MARIAN:
         return marian_tokenizer(hf_dir), None
     if family == BART or (family == MBART and (hf_dir / "merges.txt").is_file()):  # mBART's architecture, BART's BPE
         return bart_tokenizer(hf_dir), None
     if family in (M2M100, MBART):
-        settings = hf_dir / "tokenizer_config.json"
-        name = str(_read_json(settings).get("tokenizer_class", "")).removesuffix("Fast")
+        settings = path_of(hf_dir, TOKENIZER_CONFIG)
+        name = (read_json(hf_dir, TOKENIZER_CONFIG).get("tokenizer_class") or "").removesuffix("Fast")
         if name in BACKEND_MULTILINGUAL:
             return backend_multilingual(hf_dir, name)
         if family == M2M100 and name in ("M2M100Tokenizer", ""):
@@ -73,11 +78,17 @@ def save(hf_dir: str | Path, out: str | Path) -> Path:
 
 
 def model_type(hf_dir: Path) -> str:
-    return str(_read_json(hf_dir / "config.json").get("model_type"))
+    return str(read_json(hf_dir, "config.json").get("model_type"))
 
 
-def _read_json(path: Path) -> dict:
-    return read_object(path, TokenizerImportError)
+def unk_token(hf_dir: Path) -> str:
+    """The unknown token tokenizer_config.json names (checked), else `<unk>`."""
+    return special_token(hf_dir, _settings(hf_dir), "unk_token", "<unk>")
+
+
+def _settings(hf_dir: Path) -> dict:
+    """tokenizer_config.json, or {} when the directory has none."""
+    return read_json(hf_dir, TOKENIZER_CONFIG) if path_of(hf_dir, TOKENIZER_CONFIG).is_file() else {}
 
 
 # -- Marian -----------------------------------------------------------------------------------------------------
@@ -90,11 +101,11 @@ def marian_tokenizer(hf_dir: Path) -> Tokenizer:
     sentencepiece: opus-mt has </s> 0, <unk> 1, <pad> last), then </s>. Decoding: the pieces joined, '▁' as a space,
     and the result stripped, as MarianTokenizer.convert_tokens_to_string does.
     """
-    config = _read_json(hf_dir / "tokenizer_config.json") if (hf_dir / "tokenizer_config.json").is_file() else {}
+    config = _settings(hf_dir)
     for flag in ("separate_vocabs", "clean_up_tokenization_spaces"):
         if config.get(flag):
             raise TokenizerImportError(f"{hf_dir / 'tokenizer_config.json'}: {flag}=true is not supported")
-    vocab = _read_json(hf_dir / "vocab.json")
+    vocab = read_json(hf_dir, "vocab.json")
     if any(piece.startswith(">>") and piece.endswith("<<") for piece in vocab):
         raise TokenizerImportError(f"{hf_dir / 'vocab.json'}: target-language codes (>>xx<<) are not supported yet")
     return _spm_vocab_tokenizer(hf_dir, "source.spm", vocab, config, ("eos_token", "unk_token", "pad_token"), [])
@@ -106,12 +117,12 @@ def m2m100_tokenizer(hf_dir: Path) -> tuple[Tokenizer, Languages]:
     transformers' FAIRSEQ_LANGUAGE_CODES order), named by their code (`fr`), placed before the source."""
     from transformers.models.m2m_100.tokenization_m2m_100 import FAIRSEQ_LANGUAGE_CODES
 
-    config = _read_json(hf_dir / "tokenizer_config.json") if (hf_dir / "tokenizer_config.json").is_file() else {}
+    config = _settings(hf_dir)
     family = config.get("language_codes", "m2m100")
     if family not in FAIRSEQ_LANGUAGE_CODES:
         raise TokenizerImportError(f"{hf_dir / 'tokenizer_config.json'}: language_codes {family!r} is not one of "
                                    f"{sorted(FAIRSEQ_LANGUAGE_CODES)}")
-    vocab = _read_json(hf_dir / "vocab.json")
+    vocab = read_json(hf_dir, "vocab.json")
     codes = FAIRSEQ_LANGUAGE_CODES[family]
     added = [(f"__{code}__", len(vocab) + i) for i, code in enumerate(codes)]
     tok = _spm_vocab_tokenizer(hf_dir, "sentencepiece.bpe.model", vocab, config,
@@ -124,15 +135,14 @@ def _spm_vocab_tokenizer(hf_dir: Path, spm_name: str, vocab: dict[str, int], con
     """A Python sentencepiece tokenizer whose ids come from vocab.json (Marian, M2M100) as one Unigram tokenizer:
     `text </s>`, with `added` special tokens (token, id) appended after vocab.json in id order."""
     defaults = {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>"}
-    specials = {name: config.get(name, defaults[name]) for name in special_names}
-    specials = {name: token["content"] if isinstance(token, dict) else str(token) for name, token in specials.items()}
+    specials = {name: special_token(hf_dir, config, name, defaults[name]) for name in special_names}
     for name, token in specials.items():
         if token not in vocab:
             raise TokenizerImportError(f"{hf_dir / 'vocab.json'}: no entry for {name} {token!r}")
-    proto = _spm_proto(hf_dir / spm_name)
+    proto = _spm_proto(path_of(hf_dir, spm_name))
     pieces = _unigram_vocab(hf_dir, proto, vocab)
     tok = Tokenizer(models.Unigram(pieces, unk_id=vocab[specials["unk_token"]], byte_fallback=False))
-    tok.normalizer = _spm_normalizer(hf_dir / spm_name, proto)
+    tok.normalizer = _spm_normalizer(proto)
     tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement=SPIECE_UNDERLINE, prepend_scheme="always", split=True)
     tok.decoder = decoders.Sequence([
         decoders.Replace(SPIECE_UNDERLINE, " "),
@@ -155,16 +165,8 @@ def _spm_vocab_tokenizer(hf_dir: Path, spm_name: str, vocab: dict[str, int], con
 
 
 def _spm_proto(path: Path):
-    if not path.is_file():
-        raise TokenizerImportError(f"{path}: missing")
-    from google.protobuf.message import DecodeError
-    from sentencepiece import sentencepiece_model_pb2
-
-    proto = sentencepiece_model_pb2.ModelProto()
-    try:
-        proto.ParseFromString(path.read_bytes())
-    except DecodeError:
-        raise TokenizerImportError(f"{path}: not a sentencepiece model") from None
+    """The source sentencepiece model (hf_tokenizer_files.spm_proto), refused when it uses what we cannot convert."""
+    proto = spm_proto(path)
     spec, norm = proto.trainer_spec, proto.normalizer_spec
     unsupported = {
         "trainer_spec.model_type (only unigram)": spec.model_type != 1,
@@ -196,7 +198,7 @@ def _unigram_vocab(hf_dir: Path, proto, vocab: dict[str, int]) -> list[tuple[str
     return [(piece, normal.get(piece, never)) for piece, _ in by_id]
 
 
-def _spm_normalizer(path: Path, proto) -> normalizers.Normalizer:
+def _spm_normalizer(proto) -> normalizers.Normalizer:
     """sentencepiece's normalization: its character map, then whitespace trimmed and runs collapsed (the dummy
     prefix comes from the Metaspace pre-tokenizer)."""
     steps = [normalizers.Strip(left=True, right=True), normalizers.Replace(Regex(" {2,}"), " ")]
@@ -212,7 +214,7 @@ def bart_tokenizer(hf_dir: Path) -> Tokenizer:
     """BART's tokenizer is a byte-level BPE that transformers 5 already runs on `tokenizers` (BartTokenizer is
     RobertaTokenizer): its backend, post-processor <s> $A </s> included, is the tokenizer."""
     for name in ("vocab.json", "merges.txt"):
-        if not (hf_dir / name).is_file() and not (hf_dir / "tokenizer.json").is_file():
+        if not path_of(hf_dir, name).is_file() and not path_of(hf_dir, "tokenizer.json").is_file():
             raise TokenizerImportError(f"{hf_dir / name}: missing (and no tokenizer.json)")
     _, tok = _backend(hf_dir)
     tok.no_padding()
@@ -224,7 +226,12 @@ def _backend(hf_dir: Path) -> tuple[object, Tokenizer]:
     """transformers' own tokenizer of the directory, and a copy of its `tokenizers` backend."""
     from transformers import AutoTokenizer
 
-    original = AutoTokenizer.from_pretrained(str(hf_dir))
+    try:
+        original = AutoTokenizer.from_pretrained(str(hf_dir))
+    except Exception as exc:  # its files passed check_directory; whatever else transformers refuses, it says why
+        first = (str(exc).splitlines() or [""])[0][:200]
+        raise TokenizerImportError(f"{hf_dir}: transformers cannot load its tokenizer: {type(exc).__name__}: "
+                                   f"{first}") from None
     backend = getattr(original, "backend_tokenizer", None)
     if backend is None:
         raise TokenizerImportError(f"{hf_dir}: transformers loaded {type(original).__name__}, which has no "

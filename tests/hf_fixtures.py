@@ -17,29 +17,15 @@ from __future__ import annotations
 
 import io
 import json
-import random
 from dataclasses import dataclass
 from pathlib import Path
+
+from seqserve.checks import tokenizer_texts
 
 SEED = 0
 MARIAN, BART, M2M100, NLLB, MBART50 = "marian", "bart", "m2m_100", "nllb", "mbart50"
 FAMILIES = (MARIAN, BART, M2M100, NLLB, MBART50)
 MULTILINGUAL = (M2M100, NLLB, MBART50)
-# Odd inputs a tokenizer must encode exactly as the original does (whitespace runs, invisible characters, scripts
-# and symbols the tokenizers never saw in training).
-ODD_STRINGS = (
-    "", " ", "  ", "\t", "\n", "a", " leading space", "trailing space ", "  both  ", "two  spaces inside",
-    "tab\tinside", "new\nline", "carriage\r\nreturn", "mixed \t \n whitespace", "non\u00a0breaking\u00a0space",
-    "narrow\u202fno-break", "zero\u200bwidth", "em\u2003space", "ideographic\u3000space", "Straße und Fuß",
-    "Ärger über Öl", "café crème brûlée", "¿Dónde está el baño? ¡Mañana!", "Ça va, garçon ?",
-    "cafe\u0301 (combining acute)", "ﬁ ligature", "ｆｕｌｌｗｉｄｔｈ",
-    "日本語のテキスト", "中文句子。", "한국어 문장", "Привет, мир!", "Γειά σου κόσμε", "שלום עולם", "مرحبا بالعالم",
-    "emoji 😀 here", "flags 🇫🇷🇩🇪", "family 👨‍👩‍👧", "math ∑ x² ≤ ∞", "quotes “curly” ‘single’ «guillemets»",
-    "dash – and — and ‐", "ellipsis… and ...", "price: 12,50 € / $3.99 / £7", "C:\\path\\to\\file.txt",
-    "https://example.com/a?b=c&d=e#f", "<html> & </html>", "{\"json\": [1, 2.5, null]}", "1234567890",
-    "ALL CAPS SENTENCE.", "MiXeD cAsE", "tab at end\t", "\tleading tab", "punctuation!!!???", "a,b;c:d.e",
-    "trailing newline\n", "   ", "control\x07char", "soft\u00adhyphen", "right-to-left \u200fmark",
-)
 
 
 @dataclass(frozen=True)
@@ -62,11 +48,8 @@ MARIAN_BASE = HfSize(d_model=512, layers=6, heads=8, ffn=2048, vocab=32_000, max
 
 
 def real_strings() -> list[str]:
-    """>= 1,000 distinct real strings, deterministic wherever Python 3.11 runs (see the module docstring)."""
-    seen: dict[str, None] = {}
-    for text in [*_verbalised(SEED, 400), *_docstring_sentences(), *ODD_STRINGS]:
-        seen.setdefault(text)
-    return list(seen)
+    """>= 1,000 distinct real strings (checks/tokenizer_texts.py, which `seqserve verify --hf` samples too)."""
+    return tokenizer_texts.real_strings(SEED)
 
 
 def training_strings() -> list[str]:
@@ -76,43 +59,7 @@ def training_strings() -> list[str]:
 
 def target_texts(n: int = 200) -> list[str]:
     """Real target-side sentences (number words in four languages) whose ids test decoding."""
-    return [target for _, target in _pairs(SEED + 1, n)]
-
-
-def _pairs(seed: int, n: int) -> list[tuple[str, str]]:
-    from seqserve.model.corpus import KINDS, LANGS, make_example
-
-    rng = random.Random(seed)
-    return [make_example(rng, rng.choice(LANGS), rng.choice(KINDS)) for _ in range(n)]
-
-
-def _verbalised(seed: int, n: int) -> list[str]:
-    return [text for pair in _pairs(seed, n) for text in pair]
-
-
-def _docstring_sentences(limit: int = 900) -> list[str]:
-    """English lines from the docstrings of builtins and a few stdlib modules, in a fixed order."""
-    import builtins
-    import collections
-    import itertools
-    import json as json_module
-    import os
-    import re
-    import string
-    import textwrap
-
-    lines: list[str] = []
-    for owner in (builtins, str, bytes, list, dict, set, int, float, os.path, re, json_module, collections,
-                  itertools, textwrap, string):
-        for name in sorted(dir(owner)):
-            doc = getattr(getattr(owner, name, None), "__doc__", None)
-            if not isinstance(doc, str):
-                continue
-            for line in doc.splitlines():
-                line = line.strip()
-                if 20 <= len(line) <= 200 and any(c.isalpha() for c in line):
-                    lines.append(line)
-    return list(dict.fromkeys(lines))[:limit]
+    return [target for _, target in tokenizer_texts.pairs(SEED + 1, n)]
 
 
 # -- Marian (opus-mt layout) ------------------------------------------------------------------------------------
