@@ -3,6 +3,7 @@ the model's defaults; GetModelInfo's config values are typed (issue 16, items 1 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import grpc
 import pytest
@@ -168,3 +169,48 @@ def test_a_sampling_model_serves_a_beam_request_as_a_model_without_defaults(make
         want = served.stub.Generate(request(source, num_beams=4, num_return_sequences=2, max_new_tokens=12),
                                     timeout=60)
         assert [list(s.token_ids) for s in got.sequences] == [list(s.token_ids) for s in want.sequences]
+
+
+# Every option a model's generation_config.json gives a default for: one wording for "unset" everywhere.
+WITH_MODEL_DEFAULTS = ("max_new_tokens", "min_new_tokens", "temperature", "top_k", "top_p", "repetition_penalty",
+                       "num_beams", "num_return_sequences", "length_penalty", "early_stopping")
+WORDING = "unset = the model's default"
+
+
+def _generate_parser():
+    from seqserve.cli.main import build_parser
+
+    return build_parser()._subparsers._group_actions[0].choices["generate"]
+
+
+def test_help_proto_and_docs_say_unset_is_the_models_default(tmp_path):
+    helps = {a.dest: " ".join(a.help.split()) for a in _generate_parser()._actions if a.dest in WITH_MODEL_DEFAULTS}
+    assert sorted(helps) == sorted(WITH_MODEL_DEFAULTS)
+    assert all(WORDING in text for text in helps.values()), helps
+    from google.protobuf import descriptor_pb2
+
+    from seqserve import protogen
+
+    (proto,) = descriptor_pb2.FileDescriptorSet.FromString(
+        protogen.descriptor_set(tmp_path / "d.pb").read_bytes()).file
+    index = [m.name for m in proto.message_type].index("DecodingOptions")
+    fields = [f.name for f in proto.message_type[index].field]
+    comments = {fields[loc.path[3]]: " ".join(loc.leading_comments.split()).lower()
+                for loc in proto.source_code_info.location if list(loc.path[:3]) == [4, index, 2] and len(loc.path) == 4}
+    assert all(WORDING in comments[name] for name in WITH_MODEL_DEFAULTS), comments
+    import_md = (Path(__file__).resolve().parents[2] / "docs" / "import.md").read_text()
+    assert "0/false there means" not in import_md and "--no-early-stopping` overrides" in import_md
+
+
+def test_the_cli_sends_an_option_only_when_given_zero_and_false_included():
+    from seqserve.server.client import decoding_from_args, options
+
+    parser = _generate_parser()
+    none = options(**decoding_from_args(parser.parse_args(["x"])))
+    assert none.ListFields() == []
+    given = options(**decoding_from_args(parser.parse_args(
+        ["x", "--no-early-stopping", "--min-new-tokens", "0", "--length-penalty", "0", "--temperature", "0"])))
+    assert {f.name: v for f, v in given.ListFields()} == {"early_stopping": False, "min_new_tokens": 0,
+                                                           "length_penalty": 0.0, "temperature": 0.0}
+    # on the wire too: a server reads presence, so a model's early_stopping true is overridden
+    assert pb.DecodingOptions.FromString(given.SerializeToString()).HasField("early_stopping")
