@@ -7,7 +7,8 @@
         print()
 
 Decoding options are keywords named exactly as the proto's DecodingOptions fields (an unknown name raises
-ValueError); None leaves an option unset (it is not sent), so the model's default applies, else the server's. Errors are grpc.RpcError.
+ValueError); None leaves an option unset (it is not sent), so the model's default applies, else the
+server's. Errors are grpc.RpcError.
 TLS, a client certificate and a bearer token: `Client(address, connection=Connection(ca_file=..., token=...))`.
 A server with several models: `Client(address, model="en-de")`, or `model=` per call (it wins).
 """
@@ -31,7 +32,8 @@ OPTION_NAMES = tuple(f.name for f in pb.DecodingOptions.DESCRIPTOR.fields)
 MODEL_DEFAULT = "unset = the model's default, else"
 OPTION_HELP = {
     "max_new_tokens": f"most tokens to generate ({MODEL_DEFAULT} the server's)",
-    "min_new_tokens": f"the end token is suppressed until this many tokens were generated; 0 = none ({MODEL_DEFAULT} 0)",
+    "min_new_tokens": "the end token is suppressed until this many tokens were generated; 0 = none "
+                      f"({MODEL_DEFAULT} 0)",
     "temperature": f"0 = greedy ({MODEL_DEFAULT} 0)",
     "top_k": f"0 = disabled ({MODEL_DEFAULT} 0)",
     "top_p": f"in (0, 1]; 1 = disabled ({MODEL_DEFAULT} 1)",

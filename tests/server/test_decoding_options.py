@@ -196,7 +196,8 @@ def test_help_proto_and_docs_say_unset_is_the_models_default(tmp_path):
     index = [m.name for m in proto.message_type].index("DecodingOptions")
     fields = [f.name for f in proto.message_type[index].field]
     comments = {fields[loc.path[3]]: " ".join(loc.leading_comments.split()).lower()
-                for loc in proto.source_code_info.location if list(loc.path[:3]) == [4, index, 2] and len(loc.path) == 4}
+                for loc in proto.source_code_info.location
+                if list(loc.path[:3]) == [4, index, 2] and len(loc.path) == 4}
     assert all(WORDING in comments[name] for name in WITH_MODEL_DEFAULTS), comments
     import_md = (Path(__file__).resolve().parents[2] / "docs" / "import.md").read_text()
     assert "0/false there means" not in import_md and "--no-early-stopping` overrides" in import_md

@@ -48,7 +48,8 @@ def test_served_defaults_equal_transformers_generate_without_arguments(unset_len
     for text, got in zip(texts, reply.results):
         ids = tok(text).input_ids
         with torch.no_grad():
-            out = model.generate(input_ids=torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long))
+            out = model.generate(input_ids=torch.tensor([ids]),
+                                 attention_mask=torch.ones(1, len(ids), dtype=torch.long))
         row = out[0].tolist()[1:]  # without the decoder start token
         want = row[: row.index(eos)] if eos in row else row
         assert list(got.token_ids) == want, text
