@@ -5,7 +5,10 @@ back with `from_dict` and serves them as the model's defaults, each overridable 
 
 Decisions (what a transformers user expects from `model.generate(**inputs)` with no arguments):
   * max_length counts the decoder start token, as in transformers: max_new_tokens = max_length - 1 (an explicit
-    max_new_tokens wins); absent both, transformers' default max_length 20 applies. min_length likewise.
+    max_new_tokens wins). Absent both, transformers' generate() adds the start token to its default max_length 20,
+    so 20 tokens are generated (fewer only when max_position_embeddings is smaller). min_length counts it too.
+  * Every token id must lie inside the model's vocabulary, and every option inside the range a request's own value
+    must lie in (contract/decoding.py): a default no request could set is refused when the model is loaded.
   * bad_words_ids may ban single tokens only (a logits mask); a multi-token sequence is refused.
   * renormalize_logits: the log-probabilities are renormalised after masking (bad words, min length, forced tokens),
     which changes beam scores; it is recorded so the engine can honour it.
@@ -19,10 +22,13 @@ import math
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
+from seqserve.contract.decoding import FLOAT_RANGES, beam_problem, lengths_problem
 from seqserve.contract.jsonfile import read_object
 
 GENERATION_CONFIG = "generation_config.json"
-HF_DEFAULT_MAX_LENGTH = 20  # transformers' GenerationConfig default when neither max_length nor max_new_tokens is set
+# transformers' default max_length (20) when neither it nor max_new_tokens is set: generate() adds the decoder start
+# token to it (generation/utils.py _prepare_generated_length), so it counts new tokens only
+HF_DEFAULT_MAX_NEW_TOKENS = 20
 # Token-id fields that transformers also reads from config.json when generation_config.json leaves them out.
 ID_FIELDS = ("decoder_start_token_id", "eos_token_id", "pad_token_id", "bos_token_id", "forced_bos_token_id",
              "forced_eos_token_id")
@@ -47,7 +53,12 @@ UNSUPPORTED = {
 
 
 class GenerationConfigError(ValueError):
-    """generation_config.json asks for something seqserve cannot honour: the message names the field."""
+    """generation_config.json asks for something seqserve cannot honour: the message names the field (`field`, when
+    the message starts with it, so the manifest can call it generation.<field>)."""
+
+    def __init__(self, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
 
 
 @dataclass(frozen=True)
@@ -56,7 +67,7 @@ class GenerationDefaults:
     eos_token_id: int
     pad_token_id: int | None = None
     bos_token_id: int | None = None
-    max_new_tokens: int = HF_DEFAULT_MAX_LENGTH - 1
+    max_new_tokens: int = HF_DEFAULT_MAX_NEW_TOKENS
     min_new_tokens: int = 0  # the end token is suppressed until this many tokens were generated
     num_beams: int = 1
     num_return_sequences: int = 1
@@ -73,9 +84,9 @@ class GenerationDefaults:
     top_p: float = 1.0  # used only with do_sample
 
     def __post_init__(self) -> None:
-        problems = _range_problems(self)
-        if problems:
-            raise GenerationConfigError("; ".join(problems))
+        problem = _range_problem(self)
+        if problem is not None:
+            raise GenerationConfigError(problem, field=problem.split()[0])
 
     def to_dict(self) -> dict:
         data = asdict(self)
@@ -83,8 +94,9 @@ class GenerationDefaults:
         return data
 
     @classmethod
-    def from_dict(cls, data: dict) -> GenerationDefaults:
-        """Reads to_dict()'s output back (the manifest's copy), checking every field's type."""
+    def from_dict(cls, data: dict, vocab_size: int | None = None) -> GenerationDefaults:
+        """Reads to_dict()'s output back (the manifest's copy), checking every field's type and range, and with
+        vocab_size every token id."""
         if not isinstance(data, dict):
             raise GenerationConfigError(f"generation defaults must be an object, got {type(data).__name__}")
         known = {f.name: f for f in fields(cls)}
@@ -96,17 +108,34 @@ class GenerationDefaults:
             kind = _KIND[name]
             if name == "bad_words_ids":
                 if not isinstance(value, list) or not all(_is_int(v) for v in value):
-                    raise GenerationConfigError("bad_words_ids: must be a list of token ids")
+                    raise GenerationConfigError("bad_words_ids must be a list of token ids", field=name)
                 value = tuple(value)
             elif not _has_kind(value, kind):
-                raise GenerationConfigError(f"{name}: must be {kind}, got {value!r}")
+                raise GenerationConfigError(f"{name} must be {kind}, got {value!r}", field=name)
             elif kind == "float":
                 value = float(value)
             values[name] = value
         missing = [name for name in ("decoder_start_token_id", "eos_token_id") if name not in values]
         if missing:
             raise GenerationConfigError(f"missing generation default(s) {missing}")
-        return cls(**values)
+        defaults = cls(**values)
+        if vocab_size is not None:
+            check_vocabulary(defaults, vocab_size)
+        return defaults
+
+
+def check_vocabulary(defaults: GenerationDefaults, vocab_size: int) -> None:
+    """Every token id of the defaults inside the vocabulary: the server indexes its logits with them (import, export,
+    verify and serve all ask here)."""
+    for name in ID_FIELDS:
+        token = getattr(defaults, name)
+        if token is not None and token >= vocab_size:
+            raise GenerationConfigError(f"{name}={token} is outside the vocabulary (vocab_size={vocab_size})",
+                                        field=name)
+    outside = [token for token in defaults.bad_words_ids if token >= vocab_size]
+    if outside:
+        raise GenerationConfigError(f"bad_words_ids {outside[:3]} are outside the vocabulary (vocab_size={vocab_size})",
+                                    field="bad_words_ids")
 
 
 def load(hf_dir: str | Path) -> GenerationDefaults:
@@ -144,10 +173,12 @@ def from_generation_config(generation: dict, model_config: dict | None = None) -
     max_new = data.pop("max_new_tokens", None)
     if max_new is not None:
         out["max_new_tokens"] = _integer(max_new, "max_new_tokens", 1)
-    else:
-        # max_length counts the decoder start token
-        out["max_new_tokens"] = _integer(HF_DEFAULT_MAX_LENGTH if max_length is None else max_length,
-                                         "max_length", 2) - 1
+    elif max_length is not None:
+        out["max_new_tokens"] = _integer(max_length, "max_length", 2) - 1  # max_length counts the decoder start token
+    else:  # transformers' default, the start token added, within the decoder's positions
+        positions = (model_config or {}).get("max_position_embeddings")
+        out["max_new_tokens"] = min(HF_DEFAULT_MAX_NEW_TOKENS, positions - 1) if _is_int(positions) and positions >= 2 \
+            else HF_DEFAULT_MAX_NEW_TOKENS
     min_length, min_new = data.pop("min_length", None), data.pop("min_new_tokens", None)
     if min_new is not None:
         out["min_new_tokens"] = _integer(min_new, "min_new_tokens", 0)
@@ -179,10 +210,9 @@ def from_generation_config(generation: dict, model_config: dict | None = None) -
     if data:
         raise GenerationConfigError(f"unknown field(s) {sorted(data)}: seqserve cannot tell whether it honours them")
     defaults = GenerationDefaults(**out)
-    if defaults.num_beams > 1 and defaults.repetition_penalty != 1.0:
-        raise GenerationConfigError("repetition_penalty with num_beams > 1 is not supported")
-    if defaults.num_beams > 1 and defaults.do_sample:
-        raise GenerationConfigError("do_sample with num_beams > 1 (beam sampling) is not supported")
+    vocab_size = (model_config or {}).get("vocab_size")
+    if _is_int(vocab_size):  # config.json's, the model's vocabulary (its own check refuses a malformed one)
+        check_vocabulary(defaults, vocab_size)
     return defaults
 
 
@@ -246,22 +276,28 @@ def _has_kind(value, kind: str) -> bool:
     return {"int": _is_int, "float": _is_number, "bool": lambda v: isinstance(v, bool)}[base](value)
 
 
-def _range_problems(d: GenerationDefaults) -> list[str]:
-    checks = [
-        (d.decoder_start_token_id >= 0, "decoder_start_token_id must be >= 0"),
-        (d.eos_token_id >= 0, "eos_token_id must be >= 0"),
-        (all(v is None or v >= 0 for v in (d.pad_token_id, d.bos_token_id, d.forced_bos_token_id,
-                                           d.forced_eos_token_id)), "token ids must be >= 0"),
-        (d.max_new_tokens >= 1, "max_new_tokens must be >= 1"),
-        (0 <= d.min_new_tokens <= d.max_new_tokens, "min_new_tokens must be in [0, max_new_tokens]"),
-        (d.num_beams >= 1, "num_beams must be >= 1"),
-        (1 <= d.num_return_sequences <= d.num_beams, "num_return_sequences must be in [1, num_beams]"),
-        (math.isfinite(d.length_penalty), "length_penalty must be finite"),
-        (d.repetition_penalty > 0 and math.isfinite(d.repetition_penalty), "repetition_penalty must be > 0"),
-        (d.temperature >= 0 and math.isfinite(d.temperature), "temperature must be >= 0"),
-        (d.top_k >= 0, "top_k must be >= 0"),
-        (0 < d.top_p <= 1, "top_p must be in (0, 1]"),
-        (all(t >= 0 for t in d.bad_words_ids), "bad_words_ids must be >= 0"),
-        (d.eos_token_id not in d.bad_words_ids, "bad_words_ids must not ban eos_token_id"),
-    ]
-    return [message for ok, message in checks if not ok]
+def _range_problem(d: GenerationDefaults) -> str | None:
+    """The first value outside its range, or None; the message starts with the field's name. The float options
+    take a request's ranges (contract/decoding.py), so a default never fails a request that leaves it unset."""
+    for name in ID_FIELDS:
+        token = getattr(d, name)
+        if token is not None and token < 0:
+            return f"{name} must be a token id >= 0, got {token}"
+    if any(t < 0 for t in d.bad_words_ids):
+        return f"bad_words_ids must be token ids >= 0, got {list(d.bad_words_ids)}"
+    if d.eos_token_id in d.bad_words_ids:
+        return f"bad_words_ids must not ban eos_token_id ({d.eos_token_id})"
+    problem = lengths_problem(d.max_new_tokens, d.min_new_tokens) or beam_problem(
+        d.num_beams, d.num_return_sequences, d.length_penalty, repetition_penalty=d.repetition_penalty)
+    if problem is not None:
+        return problem
+    if d.do_sample and d.num_beams > 1:
+        return "do_sample with num_beams > 1 (beam sampling) is not supported"
+    sampled = ("temperature", "top_p") if d.do_sample else ()  # without do_sample they are never used
+    for name in ("repetition_penalty", *sampled):
+        value, allowed = getattr(d, name), FLOAT_RANGES[name]
+        if value not in allowed:
+            return f"{name} must be in {allowed}, got {value:g}"
+    if d.top_k < 0:
+        return f"top_k must be >= 0, got {d.top_k}"
+    return None

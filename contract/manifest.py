@@ -152,10 +152,10 @@ def _check_schema(path: Path, data) -> None:
     except schema.SchemaError as exc:
         raise BundleError(f"{path}: {exc}") from None
     if data.get("generation"):
-        try:
-            GenerationDefaults.from_dict(data["generation"])
+        try:  # the ranges a request has, and every token id inside the vocabulary (import asks the same)
+            GenerationDefaults.from_dict(data["generation"], vocab_size=data["model"]["vocab_size"])
         except GenerationConfigError as exc:
-            raise BundleError(f"{path}: generation: {exc}") from None
+            raise BundleError(f"{path}: generation.{exc}" if exc.field else f"{path}: generation: {exc}") from None
     if data.get("languages"):
         try:
             languages = Languages.from_dict(data["languages"])

@@ -7,7 +7,8 @@
         print()
 
 Decoding options are keywords named exactly as the proto's DecodingOptions fields (an unknown name raises
-ValueError); None leaves an option unset so the server's default applies. Errors are grpc.RpcError.
+ValueError); None leaves an option unset (it is not sent), so the model's default applies, else the
+server's. Errors are grpc.RpcError.
 TLS, a client certificate and a bearer token: `Client(address, connection=Connection(ca_file=..., token=...))`.
 A server with several models: `Client(address, model="en-de")`, or `model=` per call (it wins).
 """
@@ -26,20 +27,25 @@ from seqserve.v1 import seqserve_pb2_grpc as pb_grpc
 
 OPTION_NAMES = tuple(f.name for f in pb.DecodingOptions.DESCRIPTOR.fields)
 
-# Help of each decoding flag; the flags themselves are derived from the proto so their names cannot drift.
+# Help of each decoding flag; the flags themselves are derived from the proto so their names cannot drift. "Unset =
+# the model's default" is the proto's wording: a flag left out is not sent, so the model's generation default applies.
+MODEL_DEFAULT = "unset = the model's default, else"
 OPTION_HELP = {
-    "max_new_tokens": "most tokens to generate (unset = the server's default)",
-    "min_new_tokens": "the end token is suppressed until this many tokens were generated; 0 = none",
-    "temperature": "0 = greedy",
-    "top_k": "0 = disabled",
-    "top_p": "in (0, 1]; 1 = disabled",
-    "repetition_penalty": "1 = disabled",
+    "max_new_tokens": f"most tokens to generate ({MODEL_DEFAULT} the server's)",
+    "min_new_tokens": "the end token is suppressed until this many tokens were generated; 0 = none "
+                      f"({MODEL_DEFAULT} 0)",
+    "temperature": f"0 = greedy ({MODEL_DEFAULT} 0)",
+    "top_k": f"0 = disabled ({MODEL_DEFAULT} 0)",
+    "top_p": f"in (0, 1]; 1 = disabled ({MODEL_DEFAULT} 1)",
+    "repetition_penalty": f"1 = disabled ({MODEL_DEFAULT} 1)",
     "stop": "stop string (repeatable)",
     "seed": "sampling seed (unset = chosen by the server and returned)",
-    "num_beams": "beam search width; 1 = off (needs temperature 0)",
-    "num_return_sequences": "sequences returned, best first; at most num_beams",
-    "length_penalty": "score = cumulative logprob / generated tokens ** length_penalty; > 0 favours longer (unset = 1)",
-    "early_stopping": "beams end as soon as num_beams hypotheses are finished (default: HF's heuristic)",
+    "num_beams": f"beam search width; 1 = off; > 1 needs temperature 0 ({MODEL_DEFAULT} 1)",
+    "num_return_sequences": f"sequences returned, best first; at most num_beams ({MODEL_DEFAULT} 1)",
+    "length_penalty": "score = cumulative logprob / generated tokens ** length_penalty; > 0 favours longer "
+                      f"({MODEL_DEFAULT} 1)",
+    "early_stopping": "beams end as soon as num_beams hypotheses are finished; --no-early-stopping: when no live beam "
+                      f"can beat the worst finished one (HF's heuristic) ({MODEL_DEFAULT} the heuristic)",
     "return_logprobs": "return each generated token's log-probability",
     "top_logprobs": "with --return-logprobs, also this many most likely tokens per step; 0 = none",
 }

@@ -3,7 +3,8 @@
 Pure: it reads the message's fields (whatever object carries them; only service.py imports the generated code) and
 the server's Limits, and returns params or raises InvalidOption with a message naming the field. An option the
 request leaves unset takes its value from `defaults`, the model's generation defaults (SamplingParams() when the
-bundle has none); max_new_tokens unset takes Limits.default_max_new_tokens, the server's setting.
+bundle has none; each inside its range, checked when the model was loaded); max_new_tokens unset takes
+Limits.default_max_new_tokens, the server's setting. A message only names a field the request set.
 """
 from __future__ import annotations
 
@@ -44,6 +45,12 @@ def sampling_params(o, limits: Limits, defaults: SamplingParams = NO_DEFAULTS,
     if forced_eos:
         min_new = min(min_new, max_new - 1)
     _check(min_new <= max_new, f"options.min_new_tokens must be at most max_new_tokens ({max_new}), got {min_new}")
+    beam_request = o.num_beams > 1  # no presence: 0 = unset
+    if beam_request:  # beam search, as transformers' generate(num_beams=4): the model's sampling defaults stay out
+        defaults = dataclasses.replace(defaults, temperature=0.0)
+        _check(o.HasField("repetition_penalty") or defaults.repetition_penalty == 1,
+               f"options.num_beams must be 1 with this model's repetition_penalty ({defaults.repetition_penalty:g}); "
+               f"set options.repetition_penalty to 1 for beam search, got num_beams {o.num_beams}")
     temperature = float(_given(o, "temperature", defaults.temperature))
     _check(temperature in TEMPERATURE,
            f"options.temperature must be finite and >= 0 (in {TEMPERATURE}), got {temperature:g}")

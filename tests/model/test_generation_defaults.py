@@ -40,7 +40,7 @@ def test_the_manifest_copy_round_trips_through_json(config):
 
 def test_token_ids_missing_from_generation_config_come_from_config_json():
     d = from_generation_config({"num_beams": 2}, {"decoder_start_token_id": 7, "eos_token_id": [3], "d_model": 8})
-    assert (d.decoder_start_token_id, d.eos_token_id, d.num_beams, d.max_new_tokens) == (7, 3, 2, 19)
+    assert (d.decoder_start_token_id, d.eos_token_id, d.num_beams, d.max_new_tokens) == (7, 3, 2, 20)  # no max_length
 
 
 @pytest.mark.parametrize("field, value", [

@@ -3,6 +3,7 @@ the model's defaults; GetModelInfo's config values are typed (issue 16, items 1 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import grpc
 import pytest
@@ -78,3 +79,139 @@ def test_model_info_config_values_are_typed(served):
     with Client(served.address) as client:
         config = client.model_info()["config"]
     assert config == manifest and all(type(config[k]) is type(v) for k, v in manifest.items())
+
+
+# -- the model's defaults (server/model_defaults.py) as unset fields: a set value wins, an error names a set field --
+
+SAMPLING = {"decoder_start_token_id": 1, "eos_token_id": 2, "do_sample": True, "temperature": 0.5, "top_k": 0,
+            "top_p": 0.9}
+EDGES = [  # a model's defaults at the limits of their ranges (contract/decoding.py), as the manifest accepts them
+    {"length_penalty": 10.0}, {"length_penalty": -10.0}, {"repetition_penalty": 100.0},
+    {"repetition_penalty": 1e-30}, {**SAMPLING, "temperature": 100.0, "top_p": 1e-30},
+    {"num_beams": 4, "num_return_sequences": 4, "early_stopping": True, "min_new_tokens": 30, "max_new_tokens": 30},
+]
+
+
+def _defaults(**generation) -> SamplingParams:
+    from seqserve.contract.generation import GenerationDefaults
+    from seqserve.server.model_defaults import request_defaults
+
+    full = GenerationDefaults.from_dict({"decoder_start_token_id": 1, "eos_token_id": 2, **generation}).to_dict()
+    return request_defaults(full, LIMITS.default_max_new_tokens, LIMITS.max_num_beams)
+
+
+def test_a_beam_request_on_a_sampling_model_gets_beam_search():
+    """transformers' generate(num_beams=4): beams, not "temperature must be 0 ... got 0.5" about an unset field."""
+    defaults = _defaults(**SAMPLING)
+    unset = sampling_params(pb.DecodingOptions(), LIMITS, defaults)
+    assert (unset.num_beams, unset.temperature, unset.top_k) == (1, 0.5, 0)  # the model samples
+    beams = sampling_params(pb.DecodingOptions(num_beams=4, num_return_sequences=2), LIMITS, defaults)
+    assert (beams.num_beams, beams.num_return_sequences, beams.temperature) == (4, 2, 0.0)
+    with pytest.raises(InvalidOption, match=r"^options\.temperature must be 0 with num_beams > 1"):
+        sampling_params(pb.DecodingOptions(num_beams=4, temperature=0.5), LIMITS, defaults)  # both set
+
+
+def test_a_beam_request_on_a_model_with_a_repetition_penalty_names_what_it_set():
+    defaults = _defaults(repetition_penalty=1.2)
+    with pytest.raises(InvalidOption) as err:
+        sampling_params(pb.DecodingOptions(num_beams=4), LIMITS, defaults)
+    assert str(err.value).startswith("options.num_beams must be 1 with this model's repetition_penalty (1.2)")
+    ok = sampling_params(pb.DecodingOptions(num_beams=4, repetition_penalty=1), LIMITS, defaults)
+    assert (ok.num_beams, ok.repetition_penalty) == (4, 1.0)
+
+
+@pytest.mark.parametrize("generation", EDGES, ids=[",".join(sorted(g)) for g in EDGES])
+def test_no_request_fails_on_a_field_it_left_unset(generation):
+    """Whatever in-range defaults a model has, a request that sets one valid field (or none) is accepted."""
+    defaults = _defaults(**generation)
+    requests = [{}, {"num_beams": 1}, {"num_beams": 4}, {"num_beams": 4, "repetition_penalty": 1.0},
+                {"temperature": 0.7}, {"temperature": 0.0}, {"max_new_tokens": 1}, {"min_new_tokens": 0},
+                {"length_penalty": 0.0}, {"early_stopping": False}, {"num_return_sequences": 1}, {"stop": ["x"]}]
+    for fields in requests:
+        try:
+            sampling_params(pb.DecodingOptions(**fields), LIMITS, defaults)
+        except InvalidOption as exc:  # only a rule of a field the request set may fail
+            named = str(exc).split()[0].removeprefix("options.")
+            assert named in fields, (fields, str(exc))
+
+
+def test_a_set_value_wins_over_the_models_default_zero_and_false_included():
+    defaults = _defaults(num_beams=4, early_stopping=True, min_new_tokens=3, length_penalty=2.0)
+    assert (defaults.num_beams, defaults.early_stopping, defaults.min_new_tokens, defaults.length_penalty) == \
+        (4, True, 3, 2.0)
+    got = sampling_params(pb.DecodingOptions(early_stopping=False, min_new_tokens=0, length_penalty=0.0), LIMITS,
+                          defaults)
+    assert (got.num_beams, got.early_stopping, got.min_new_tokens, got.length_penalty) == (4, False, 0, 0.0)
+
+
+def test_a_sampling_model_serves_a_beam_request_as_a_model_without_defaults(make_server, served, tiny_bundle,
+                                                                            tmp_path, heldout):
+    """Over gRPC: the same beams as the bundle without generation defaults (the oracle), not INVALID_ARGUMENT."""
+    import hashlib
+    import json
+    import shutil
+
+    from seqserve.contract.generation import GenerationDefaults
+    from seqserve.contract.manifest import DIGEST, MANIFEST
+
+    bundle = tmp_path / "bundle"
+    shutil.copytree(tiny_bundle, bundle, ignore=shutil.ignore_patterns("verified.json"))
+    data = json.loads((bundle / MANIFEST).read_text())
+    data["generation"] = GenerationDefaults(decoder_start_token_id=1, eos_token_id=2, do_sample=True,
+                                            temperature=0.5, max_new_tokens=12).to_dict()
+    blob = json.dumps(data, indent=2).encode()
+    (bundle / MANIFEST).write_bytes(blob)
+    (bundle / DIGEST).write_text(f"{hashlib.sha256(blob).hexdigest()}  {MANIFEST}\n")
+    sampling = make_server(bundle=bundle)
+    for source, _ in heldout[:5]:
+        got = sampling.stub.Generate(request(source, num_beams=4, num_return_sequences=2, max_new_tokens=12),
+                                     timeout=60)
+        want = served.stub.Generate(request(source, num_beams=4, num_return_sequences=2, max_new_tokens=12),
+                                    timeout=60)
+        assert [list(s.token_ids) for s in got.sequences] == [list(s.token_ids) for s in want.sequences]
+
+
+# Every option a model's generation_config.json gives a default for: one wording for "unset" everywhere.
+WITH_MODEL_DEFAULTS = ("max_new_tokens", "min_new_tokens", "temperature", "top_k", "top_p", "repetition_penalty",
+                       "num_beams", "num_return_sequences", "length_penalty", "early_stopping")
+WORDING = "unset = the model's default"
+
+
+def _generate_parser():
+    from seqserve.cli.main import build_parser
+
+    return build_parser()._subparsers._group_actions[0].choices["generate"]
+
+
+def test_help_proto_and_docs_say_unset_is_the_models_default(tmp_path):
+    helps = {a.dest: " ".join(a.help.split()) for a in _generate_parser()._actions if a.dest in WITH_MODEL_DEFAULTS}
+    assert sorted(helps) == sorted(WITH_MODEL_DEFAULTS)
+    assert all(WORDING in text for text in helps.values()), helps
+    from google.protobuf import descriptor_pb2
+
+    from seqserve import protogen
+
+    (proto,) = descriptor_pb2.FileDescriptorSet.FromString(
+        protogen.descriptor_set(tmp_path / "d.pb").read_bytes()).file
+    index = [m.name for m in proto.message_type].index("DecodingOptions")
+    fields = [f.name for f in proto.message_type[index].field]
+    comments = {fields[loc.path[3]]: " ".join(loc.leading_comments.split()).lower()
+                for loc in proto.source_code_info.location
+                if list(loc.path[:3]) == [4, index, 2] and len(loc.path) == 4}
+    assert all(WORDING in comments[name] for name in WITH_MODEL_DEFAULTS), comments
+    import_md = (Path(__file__).resolve().parents[2] / "docs" / "import.md").read_text()
+    assert "0/false there means" not in import_md and "--no-early-stopping` overrides" in import_md
+
+
+def test_the_cli_sends_an_option_only_when_given_zero_and_false_included():
+    from seqserve.server.client import decoding_from_args, options
+
+    parser = _generate_parser()
+    none = options(**decoding_from_args(parser.parse_args(["x"])))
+    assert none.ListFields() == []
+    given = options(**decoding_from_args(parser.parse_args(
+        ["x", "--no-early-stopping", "--min-new-tokens", "0", "--length-penalty", "0", "--temperature", "0"])))
+    assert {f.name: v for f, v in given.ListFields()} == {"early_stopping": False, "min_new_tokens": 0,
+                                                           "length_penalty": 0.0, "temperature": 0.0}
+    # on the wire too: a server reads presence, so a model's early_stopping true is overridden
+    assert pb.DecodingOptions.FromString(given.SerializeToString()).HasField("early_stopping")
