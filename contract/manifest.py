@@ -135,6 +135,15 @@ def load_manifest(directory: str | Path, check_files: bool = True) -> Manifest:
     return manifest
 
 
+def check_generation(path: Path, generation: dict, vocab_size: int) -> None:
+    """The ranges a request has, and every token id inside the vocabulary (import and export ask the same, export
+    before it writes anything); BundleError naming path and generation.<field>."""
+    try:
+        GenerationDefaults.from_dict(generation, vocab_size=vocab_size)
+    except GenerationConfigError as exc:
+        raise BundleError(f"{path}: generation.{exc}" if exc.field else f"{path}: generation: {exc}") from None
+
+
 def _check_schema(path: Path, data) -> None:
     if not isinstance(data, dict):
         raise BundleError(f"{path}: must be a JSON object, got {type(data).__name__}")
@@ -152,10 +161,7 @@ def _check_schema(path: Path, data) -> None:
     except schema.SchemaError as exc:
         raise BundleError(f"{path}: {exc}") from None
     if data.get("generation"):
-        try:  # the ranges a request has, and every token id inside the vocabulary (import asks the same)
-            GenerationDefaults.from_dict(data["generation"], vocab_size=data["model"]["vocab_size"])
-        except GenerationConfigError as exc:
-            raise BundleError(f"{path}: generation.{exc}" if exc.field else f"{path}: generation: {exc}") from None
+        check_generation(path, data["generation"], data["model"]["vocab_size"])
     if data.get("languages"):
         try:
             languages = Languages.from_dict(data["languages"])

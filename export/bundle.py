@@ -46,8 +46,11 @@ def check_graph(path: Path) -> int:
 def export_fp32(checkpoint: str | Path, out: str | Path, bar: tqdm | None = None) -> mf.Manifest:
     """Writes the fp32 graphs, tokenizer, held-out split and a manifest listing the fp32 variant (quality empty)."""
     checkpoint, out = Path(checkpoint), Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     model, _ = ck.load_checkpoint(checkpoint)
+    generation = ck.read_generation(checkpoint)
+    if generation:  # refused before anything is written: the manifest would refuse it only after the export
+        mf.check_generation(checkpoint / ck.GENERATION, generation, model.cfg.vocab_size)
+    out.mkdir(parents=True, exist_ok=True)
     _label(bar, "encoder.onnx")
     export_encoder(model, out / ENCODER_FILE)
     _tick(bar, "decoder.onnx")
@@ -77,7 +80,7 @@ def export_fp32(checkpoint: str | Path, out: str | Path, bar: tqdm | None = None
         heldout=heldout,
         training={k: training[k] for k in ("preset", "task", "steps", "train_seconds", "parameters", "test",
                                            "imported_from") if k in training},
-        generation=ck.read_generation(checkpoint),
+        generation=generation,
         languages=ck.read_languages(checkpoint),
         versions=package_versions(),
     )

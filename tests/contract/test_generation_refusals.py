@@ -83,7 +83,8 @@ def test_export_exits_2_naming_the_generation_field(tiny_checkpoint, tmp_path, c
     (checkpoint / GENERATION).write_text(json.dumps(generation))
     assert main(["export", str(checkpoint), "--out", str(tmp_path / "bundle"), "--quiet"]) == 2
     err = capsys.readouterr().err
-    assert "seqserve export: error: " in err and f"{MANIFEST}: {message}" in err, err
+    assert f"seqserve export: error: {checkpoint / GENERATION}: {message}" in err, err
+    assert not (tmp_path / "bundle").exists()  # refused before anything was written
 
 
 # -- seqserve import: the same check with config.json's vocab_size -----------------------------------------------
