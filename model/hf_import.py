@@ -96,7 +96,8 @@ def check_config(where: Path, config: dict) -> None:
         try:
             Int(1, MODEL_CAPS[field]).check(config[key], key)
         except SchemaError as exc:
-            raise ImportRefused(f"{where}: {exc} (the bundle's bound on {field})") from None
+            cap = f" (the largest {field} a bundle may have)" if "<=" in str(exc) else ""
+            raise ImportRefused(f"{where}: {exc}{cap}") from None
     for key, spec in (("pad_token_id", ID), ("bos_token_id", Nullable(ID))):
         try:
             spec.check(config.get(key), key)
