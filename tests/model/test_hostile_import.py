@@ -291,3 +291,12 @@ def test_float64_weights_import_as_float32_with_a_warning(hf, marian_dir, health
     ours, theirs = load_file(tmp_path / "ck" / "model.safetensors"), load_file(tmp_path / "ck32" / "model.safetensors")
     assert ours.keys() == theirs.keys()
     assert all(ours[k].dtype == theirs[k].dtype and ours[k].equal(theirs[k]) for k in ours)
+
+
+def test_an_out_that_cannot_be_written_exits_2_naming_it(hf, healthy):
+    (hf.parent / "a-file").write_text("not a directory\n")
+    before = snapshot(hf)
+    run = run_import(hf, hf.parent / "a-file" / "ck")
+    assert run.code == 2 and "Traceback" not in run.stderr, run.stderr[-2000:]
+    assert run.stderr.strip() == f"seqserve import: error: {hf.parent / 'a-file' / 'ck'}: Not a directory"
+    assert snapshot(hf) == before
