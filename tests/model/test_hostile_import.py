@@ -300,3 +300,26 @@ def test_an_out_that_cannot_be_written_exits_2_naming_it(hf, healthy):
     assert run.code == 2 and "Traceback" not in run.stderr, run.stderr[-2000:]
     assert run.stderr.strip() == f"seqserve import: error: {hf.parent / 'a-file' / 'ck'}: Not a directory"
     assert snapshot(hf) == before
+
+
+def test_shards_and_links_inside_the_directory_still_import(hf, marian_dir, healthy, tmp_path):
+    """Confinement refuses only what leaves the directory: two shards named by the index, one of them through a
+    symbolic link to a file inside the directory, import to the same weights as the single file."""
+    from safetensors.torch import load_file, save_file
+
+    data = load_file(hf / "model.safetensors")
+    names = sorted(data)
+    halves = {"model-00001-of-00002.safetensors": names[:40], "blobs/second": names[40:]}
+    (hf / "blobs").mkdir()
+    for file, keys in halves.items():
+        save_file({k: data[k] for k in keys}, hf / file, metadata={"format": "pt"})
+    (hf / "model-00002-of-00002.safetensors").symlink_to(hf / "blobs" / "second")
+    shard = {"model-00001-of-00002.safetensors": names[:40], "model-00002-of-00002.safetensors": names[40:]}
+    (hf / "model.safetensors.index.json").write_text(json.dumps(
+        {"weight_map": {k: file for file, keys in shard.items() for k in keys}}))
+    (hf / "model.safetensors").unlink()
+    run = run_import(hf, tmp_path / "ck")
+    assert run.code == 0, run.stderr
+    assert run_import(marian_dir, tmp_path / "single").code == 0
+    ours, theirs = (load_file(tmp_path / name / "model.safetensors") for name in ("ck", "single"))
+    assert ours.keys() == theirs.keys() and all(ours[k].equal(theirs[k]) for k in ours)
