@@ -169,7 +169,10 @@ def _import(args: argparse.Namespace) -> int:
     """Writes the checkpoint, then compares it with transformers (exit 1 when the logits differ beyond 1e-4)."""
     from seqserve.model.hf_import import import_model
 
-    cfg = import_model(args.hf_dir, args.out, progress=not args.quiet)
+    try:
+        cfg = import_model(args.hf_dir, args.out, progress=not args.quiet)
+    except OSError as exc:  # a file of the directory that cannot be read, an --out that cannot be written: exit 2
+        raise ValueError(f"{exc.filename or args.hf_dir}: {exc.strerror or exc}") from None
     print(f"imported {args.hf_dir} -> {args.out} (d_model {cfg.d_model}, {cfg.n_encoder_layers}+{cfg.n_decoder_layers} "
           f"layers, vocabulary {cfg.vocab_size}, positions {cfg.positions}, activation {cfg.activation})")
     if args.no_verify:

@@ -139,9 +139,10 @@ SHA256 = Str(r"[0-9a-f]{64}", "64 lowercase hex digits (a sha256)")
 FILE_ENTRY = Obj({"file": RelPath(), "sha256": SHA256, "bytes": Int(min=0, max=MAX_FILE_BYTES)}, extra=Anything())
 SPECIAL_IDS = ("pad_id", "bos_id", "eos_id", "unk_id")
 DECODER_START = "decoder_start_id"  # the decoder's first input; absent (bundles before it existed) = bos_id
-MODEL = Obj({"vocab_size": Int(1, MAX_VOCAB), "d_model": Int(1, MAX_WIDTH), "n_heads": Int(1, MAX_HEADS),
-             "n_encoder_layers": Int(1, MAX_LAYERS), "n_decoder_layers": Int(1, MAX_LAYERS), "d_ff": Int(1, MAX_FF),
-             "max_positions": Int(1, MAX_POSITIONS)},
+# ModelConfig's sizes -> their largest value: one table for the manifest's `model` and for `seqserve import`.
+MODEL_CAPS = {"vocab_size": MAX_VOCAB, "d_model": MAX_WIDTH, "n_heads": MAX_HEADS, "n_encoder_layers": MAX_LAYERS,
+              "n_decoder_layers": MAX_LAYERS, "d_ff": MAX_FF, "max_positions": MAX_POSITIONS}
+MODEL = Obj({name: Int(1, cap) for name, cap in MODEL_CAPS.items()},
             optional={name: ID for name in SPECIAL_IDS + (DECODER_START,)},
             extra=Anything())  # other ModelConfig fields pass through
 # Every graph of a variant is a file entry: encoder and decoder always, optional graphs (decoder_inplace) beside them.

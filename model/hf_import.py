@@ -11,30 +11,33 @@ Every refusal is an ImportRefused (a ValueError: `seqserve import` exits 2) nami
 """
 from __future__ import annotations
 
-import shutil
-import sys
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
-from tqdm import tqdm
 
 from seqserve.contract.generation import GenerationConfigError, GenerationDefaults
 from seqserve.contract.generation import load as load_generation
-from seqserve.contract.jsonfile import read_object
+from seqserve.contract.jsonfile import confined, read_bytes, read_object
 from seqserve.contract.languages import LANGUAGES_FILE, Languages
+from seqserve.contract.schema import ID, MODEL_CAPS, Int, Nullable, SchemaError
 from seqserve.model import checkpoint as ck
 from seqserve.model.config import ModelConfig
 from seqserve.model.hf_families import FAMILIES
 from seqserve.model.hf_tokenizer import TokenizerImportError, convert_multilingual, unk_token
+from seqserve.model.hf_weights import HF_WEIGHTS, TensorEntry, read_headers, read_weights, weight_files
 from seqserve.model.transformer import Transformer
 
-HF_CONFIG, HF_GENERATION, HF_WEIGHTS = "config.json", "generation_config.json", "model.safetensors"
-HF_WEIGHTS_INDEX = "model.safetensors.index.json"  # sharded weights
-PICKLES = ("pytorch_model.bin", "pytorch_model.bin.index.json")
-PROGRESS_MIN_BYTES = 100 << 20  # show a progress bar when the weights are at least this large
-CONVERT_HINT = ("convert it once with transformers: AutoModelForSeq2SeqLM.from_pretrained(d)"
-                ".save_pretrained(d, safe_serialization=True)")
+HF_CONFIG, HF_GENERATION = "config.json", "generation_config.json"
+NOTICES = ("README.md", "LICENSE")  # a model's terms travel with it
+MAX_NOTICE_BYTES = 16 << 20
+# config.json's sizes -> the ModelConfig field each becomes, checked against that field's cap (contract/schema.py
+# MODEL_CAPS, the manifest's own) before anything is sized from it.
+SIZES = {"vocab_size": "vocab_size", "d_model": "d_model", "encoder_attention_heads": "n_heads",
+         "decoder_attention_heads": "n_heads", "encoder_layers": "n_encoder_layers",
+         "decoder_layers": "n_decoder_layers", "encoder_ffn_dim": "d_ff", "decoder_ffn_dim": "d_ff",
+         "max_position_embeddings": "max_positions"}
+OPTIONAL_SIZES = {"decoder_vocab_size": "vocab_size"}
+SWITCHES = ("scale_embedding", "share_encoder_decoder_embeddings", "tie_word_embeddings")  # true/false when present
 
 
 class ImportRefused(ValueError):
@@ -45,16 +48,50 @@ ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "silu": "silu", "swish": "silu"}
 
 
 def _read_json(path: Path) -> dict:
+    path = confined(path.parent, path.name, ImportRefused)  # every file read is one of the directory's own
     return read_object(path, ImportRefused, "missing (a Hugging Face model directory as save_pretrained writes it)")
 
 
 def read_hf_config(hf_dir: Path) -> tuple[str, dict]:
     config = _read_json(hf_dir / HF_CONFIG)
     model_type = config.get("model_type")
-    if model_type not in FAMILIES:
+    if not isinstance(model_type, str) or model_type not in FAMILIES:
         raise ImportRefused(f"{hf_dir / HF_CONFIG}: model_type {model_type!r} is not supported; supported: "
                             f"{', '.join(FAMILIES)}")
+    check_config(hf_dir / HF_CONFIG, config)
     return model_type, config
+
+
+def check_config(where: Path, config: dict) -> None:
+    """Each value the import reads has its type (an int is not a float is not a bool) and each size its cap."""
+    for key, field in [*SIZES.items(), *OPTIONAL_SIZES.items()]:
+        if config.get(key) is None:
+            if key in SIZES:
+                raise ImportRefused(f"{where}: {key} is missing")
+            continue
+        try:
+            Int(1, MODEL_CAPS[field]).check(config[key], key)
+        except SchemaError as exc:
+            cap = f" (the largest {field} a bundle may have)" if "<=" in str(exc) else ""
+            raise ImportRefused(f"{where}: {exc}{cap}") from None
+    for key, spec in (("pad_token_id", ID), ("bos_token_id", Nullable(ID))):
+        try:
+            spec.check(config.get(key), key)
+        except SchemaError as exc:
+            raise ImportRefused(f"{where}: {exc}") from None
+    if not isinstance(config.get("activation_function"), str):
+        raise ImportRefused(f"{where}: activation_function must be a string, got {config.get('activation_function')!r}")
+    for key in SWITCHES:
+        if not isinstance(config.get(key, False), (bool, type(None))):
+            raise ImportRefused(f"{where}: {key} must be true or false, got {config[key]!r}")
+    for key in ("encoder_layerdrop", "decoder_layerdrop"):  # training-only, but say so if a value is odd
+        value = config.get(key, 0.0)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ImportRefused(f"{where}: {key} must be a number, got {value!r}")
+
+
+def _switch(config: dict, key: str, default: bool) -> bool:
+    return default if config.get(key) is None else config[key]
 
 
 def model_config(hf_dir: Path, model_type: str, config: dict, unk_id: int,
@@ -84,9 +121,6 @@ def model_config(hf_dir: Path, model_type: str, config: dict, unk_id: int,
     if config.get("decoder_vocab_size") not in (None, vocab):
         raise ImportRefused(f"{where}: decoder_vocab_size={config['decoder_vocab_size']} differs from "
                             f"vocab_size={vocab}; seqserve's source and target share one vocabulary")
-    for key in ("encoder_layerdrop", "decoder_layerdrop"):  # training-only, but say so if a value is odd
-        if not isinstance(config.get(key, 0.0), (int, float)):
-            raise ImportRefused(f"{where}: {key} must be a number")
     eos = _single_id(where, "eos_token_id", need("eos_token_id"))
     pad = need("pad_token_id")
     start = generation.decoder_start_token_id  # generation_config.json's, else config.json's
@@ -96,17 +130,17 @@ def model_config(hf_dir: Path, model_type: str, config: dict, unk_id: int,
     bos = config.get("bos_token_id")
     if bos is None or bos in (eos, unk_id):  # Marian has no <s>: its start token stands for one
         bos = start
-    tie_embeddings = bool(config.get("share_encoder_decoder_embeddings", True))  # BART always shares
+    tie_embeddings = _switch(config, "share_encoder_decoder_embeddings", True)  # BART always shares
     try:
         return ModelConfig(
             vocab_size=vocab, d_model=need("d_model"), n_heads=need("encoder_attention_heads"),
             n_encoder_layers=need("encoder_layers"), n_decoder_layers=need("decoder_layers"),
             d_ff=need("encoder_ffn_dim"), dropout=0.0, max_positions=need("max_position_embeddings"),
             norm_first=family.norm_first, tie_embeddings=tie_embeddings,
-            tie_output=bool(config.get("tie_word_embeddings", True)), positions=family.positions,
+            tie_output=_switch(config, "tie_word_embeddings", True), positions=family.positions,
             position_offset=pad + 1 if family.offset_after_pad else family.position_offset,
             embed_norm=family.embed_norm,
-            activation=ACTIVATIONS[activation], scale_embeddings=bool(config.get("scale_embedding", False)),
+            activation=ACTIVATIONS[activation], scale_embeddings=_switch(config, "scale_embedding", False),
             final_logits_bias=True, pad_id=pad, bos_id=bos, eos_id=eos, unk_id=unk_id, decoder_start_id=start)
     except (TypeError, ValueError) as exc:
         raise ImportRefused(f"{where}: {exc}") from None
@@ -122,35 +156,34 @@ def _single_id(where: Path, key: str, value) -> int:
     return value
 
 
-def _weight_files(hf_dir: Path) -> list[Path]:
-    if (hf_dir / HF_WEIGHTS).is_file():
-        return [hf_dir / HF_WEIGHTS]
-    if (hf_dir / HF_WEIGHTS_INDEX).is_file():
-        shards = sorted(set(_read_json(hf_dir / HF_WEIGHTS_INDEX).get("weight_map", {}).values()))
-        missing = [s for s in shards if not (hf_dir / s).is_file()]
-        if not shards or missing:
-            raise ImportRefused(f"{hf_dir / HF_WEIGHTS_INDEX}: shard(s) {missing or 'none listed'} missing")
-        return [hf_dir / s for s in shards]
-    pickles = [p for p in PICKLES if (hf_dir / p).is_file()]
-    if pickles:
-        raise ImportRefused(f"{hf_dir / pickles[0]}: pickle weights are never loaded (a pickle can run code); "
-                            f"{CONVERT_HINT}, which writes {HF_WEIGHTS}")
-    raise ImportRefused(f"{hf_dir / HF_WEIGHTS}: missing")
+def model_elements(cfg: ModelConfig) -> tuple[int, int]:
+    """(values Transformer(cfg) takes from the weight files, values of the position table it computes itself):
+    known from the config alone, before anything is allocated."""
+    vocab, width, ff = cfg.vocab_size, cfg.d_model, cfg.d_ff
+    attention, ffn, norm = 4 * (width * width + width), 2 * width * ff + ff + width, 2 * width
+    layers = (cfg.n_encoder_layers * (attention + ffn + 2 * norm)
+              + cfg.n_decoder_layers * (2 * attention + ffn + 3 * norm))
+    embeddings = vocab * width * (1 + (not cfg.tie_embeddings) + (not cfg.tie_output))
+    norms = norm * 2 * (cfg.embed_norm + cfg.norm_first)
+    table = (cfg.max_positions + cfg.position_offset) * width
+    learned = cfg.positions == "learned"
+    return embeddings + layers + norms + (2 * table if learned else 0), 0 if learned else table
 
 
-def read_weights(hf_dir: Path, progress: bool = True) -> dict[str, torch.Tensor]:
-    files = _weight_files(hf_dir)
-    size = sum(f.stat().st_size for f in files)
-    tensors: dict[str, torch.Tensor] = {}
-    with tqdm(total=size, unit="B", unit_scale=True, desc="read weights", disable=not progress or
-              size < PROGRESS_MIN_BYTES, file=sys.stderr) as bar:
-        for file in files:
-            with safe_open(str(file), framework="pt") as f:
-                keys = list(f.keys())
-                for key in keys:
-                    tensors[key.removeprefix("model.")] = f.get_tensor(key).to(torch.float32)  # fp16 files too
-                    bar.update(file.stat().st_size / len(keys))
-    return tensors
+def check_size(hf_dir: Path, cfg: ModelConfig, headers: dict[Path, list[TensorEntry]]) -> None:
+    """A config whose sizes, each within its cap, multiply to more weights than the files hold is refused before
+    the model is built: what the import allocates stays proportional to the weight files' size."""
+    held = sum(entry.numel for entries in headers.values() for entry in entries)
+    stored, computed = model_elements(cfg)
+    where = hf_dir / HF_CONFIG
+    if stored > held:
+        raise ImportRefused(
+            f"{where}: vocab_size={cfg.vocab_size}, d_model={cfg.d_model}, encoder_layers={cfg.n_encoder_layers}, "
+            f"decoder_layers={cfg.n_decoder_layers}, encoder_ffn_dim={cfg.d_ff} and max_position_embeddings="
+            f"{cfg.max_positions} describe {stored:,} weights; the weight files hold {held:,} values")
+    if computed > held:
+        raise ImportRefused(f"{where}: max_position_embeddings={cfg.max_positions} x d_model={cfg.d_model} is a "
+                            f"position table of {computed:,} values, more than the weight files' {held:,}")
 
 
 def _hf_names(cfg: ModelConfig) -> dict[str, list[str]]:
@@ -242,25 +275,45 @@ def _tokenizer(hf_dir: Path):
     return tok, unk_id, languages
 
 
-def _write_languages(hf_dir: Path, out: Path, cfg: ModelConfig, languages: Languages | None) -> None:
-    """languages.json for a multilingual model (each language token inside the model's vocabulary)."""
-    (out / LANGUAGES_FILE).unlink(missing_ok=True)
-    if languages is None:
-        return
-    outside = [code for code, token in languages.codes.items() if token >= cfg.vocab_size]
+def _check_languages(hf_dir: Path, cfg: ModelConfig, languages: Languages | None) -> None:
+    """Each language token lies inside the model's vocabulary."""
+    outside = [code for code, token in (languages.codes.items() if languages else ()) if token >= cfg.vocab_size]
     if outside:
         raise ImportRefused(f"{hf_dir / HF_CONFIG}: vocab_size={cfg.vocab_size} leaves out the token(s) of language "
                             f"code(s) {outside[:3]}")
-    ck.write_json_atomic(out / LANGUAGES_FILE, languages.to_dict())
+
+
+def _write_languages(out: Path, languages: Languages | None) -> None:
+    """languages.json for a multilingual model."""
+    (out / LANGUAGES_FILE).unlink(missing_ok=True)
+    if languages is not None:
+        ck.write_json_atomic(out / LANGUAGES_FILE, languages.to_dict())
+
+
+def _check_out(hf_dir: Path, out: Path) -> None:
+    """The checkpoint is written beside the model directory, never into it (nor the model into the checkpoint)."""
+    source, target = hf_dir.resolve(), out.resolve()
+    if target == source or target.is_relative_to(source) or source.is_relative_to(target):
+        where = "is" if target == source else "lies inside" if target.is_relative_to(source) else "contains"
+        raise ImportRefused(f"{out}: --out {where} the model directory {hf_dir}; writing there would overwrite the "
+                            "files being imported. Choose a directory outside it")
 
 
 def import_model(hf_dir: str | Path, out: str | Path, progress: bool = True) -> ModelConfig:
-    """Writes the seqserve checkpoint of hf_dir into out; returns its ModelConfig."""
+    """Writes the seqserve checkpoint of hf_dir into out; returns its ModelConfig. Everything is read and checked
+    before the first byte is written."""
     hf_dir, out = Path(hf_dir), Path(out)
     if not hf_dir.is_dir():
         raise ImportRefused(f"{hf_dir}: not a directory")
+    _check_out(hf_dir, out)
     model_type, config = read_hf_config(hf_dir)
-    files = _weight_files(hf_dir)  # refuses a missing or pickle-only checkpoint before the tokenizer's work
+    files = weight_files(hf_dir, ImportRefused)  # refuses a missing or pickle-only checkpoint before the tokenizer
+    headers = read_headers(files, ImportRefused)
+    notices = {}
+    for name in NOTICES:
+        path = confined(hf_dir, name, ImportRefused)
+        if path.is_file():
+            notices[name] = read_bytes(path, ImportRefused, MAX_NOTICE_BYTES)
     try:
         generation = load_generation(hf_dir)
     except GenerationConfigError as exc:
@@ -270,16 +323,17 @@ def import_model(hf_dir: str | Path, out: str | Path, progress: bool = True) -> 
     if tokenizer.get_vocab_size() > cfg.vocab_size:
         raise ImportRefused(f"{hf_dir}: the tokenizer has {tokenizer.get_vocab_size()} tokens, more than "
                             f"vocab_size={cfg.vocab_size} ({HF_CONFIG})")
-    model = map_weights(hf_dir, cfg, read_weights(hf_dir, progress))
+    _check_languages(hf_dir, cfg, languages)
+    check_size(hf_dir, cfg, headers)
+    model = map_weights(hf_dir, cfg, read_weights(headers, ImportRefused, progress))
     out.mkdir(parents=True, exist_ok=True)
     cfg.save(out / ck.CONFIG)
     ck.save_weights(model, out / ck.WEIGHTS)
     tokenizer.save(str(out / ck.TOKENIZER))
     ck.write_json_atomic(out / ck.GENERATION, generation.to_dict())
-    _write_languages(hf_dir, out, cfg, languages)
-    for name in ("README.md", "LICENSE"):  # a model's terms travel with it
-        if (hf_dir / name).is_file():
-            shutil.copyfile(hf_dir / name, out / name)
+    _write_languages(out, languages)
+    for name, text in notices.items():
+        (out / name).write_bytes(text)
     ck.write_json_atomic(out / ck.METRICS, {"imported_from": {"model_type": model_type, "directory": str(hf_dir),
                                                                "weights": [f.name for f in files]}})
     return cfg
