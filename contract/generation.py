@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from seqserve.contract.decoding import FLOAT_RANGES, beam_problem, lengths_problem
-from seqserve.contract.jsonfile import read_object
+from seqserve.contract.jsonfile import confined, read_object
 
 GENERATION_CONFIG = "generation_config.json"
 # transformers' default max_length (20) when neither it nor max_new_tokens is set: generate() adds the decoder start
@@ -141,8 +141,9 @@ def check_vocabulary(defaults: GenerationDefaults, vocab_size: int) -> None:
 def load(hf_dir: str | Path) -> GenerationDefaults:
     """generation_config.json of a Hugging Face model directory, with config.json's token ids as fallback."""
     hf_dir = Path(hf_dir)
-    generation = _read(hf_dir / GENERATION_CONFIG)
-    model = _read(hf_dir / "config.json") if (hf_dir / "config.json").is_file() else {}
+    generation = _read(confined(hf_dir, GENERATION_CONFIG, GenerationConfigError))
+    config = confined(hf_dir, "config.json", GenerationConfigError)
+    model = _read(config) if config.is_file() else {}
     try:
         return from_generation_config(generation, model)
     except GenerationConfigError as exc:

@@ -21,12 +21,22 @@ def depth(data, limit: int = MAX_JSON_DEPTH) -> int:
     return deepest
 
 
+def roots(directory: Path) -> list[Path]:
+    """Where the files of `directory` may lie: the directory itself and, for a snapshot of the Hugging Face cache
+    (`models--ORG--NAME/snapshots/REV/`, whose files are links into `models--ORG--NAME/blobs/`), that model's blobs."""
+    directory = Path(directory).resolve()
+    blobs = directory.parent.parent / "blobs"
+    return [directory, blobs.resolve()] if directory.parent.name == "snapshots" and blobs.is_dir() else [directory]
+
+
 def confined(directory: Path, name: str | Path, error: type[Exception]) -> Path:
-    """directory/name, refused (error naming the file) when it resolves outside `directory`: `..`, an absolute name or
-    a symlink leading out. Existence is not checked here."""
+    """directory/name, refused (error naming the file) when it resolves outside `directory` (or, for a Hugging Face
+    cache snapshot, outside its model's blobs): `..`, an absolute name or a symlink leading out. Existence is not
+    checked here."""
     directory = Path(directory)
     path = directory / name
-    if Path(name).is_absolute() or not path.resolve().is_relative_to(directory.resolve()):
+    target = path.resolve()
+    if Path(name).is_absolute() or not any(target.is_relative_to(root) for root in roots(directory)):
         raise error(f"{path}: resolves outside {directory}; every file an import reads must lie inside it")
     return path
 

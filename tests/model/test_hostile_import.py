@@ -242,6 +242,7 @@ CASES = {
     "weights-symlink-out": (symlink_out("model.safetensors"), "model.safetensors: resolves outside"),
     "config-symlink-out": (symlink_out("config.json"), "config.json: resolves outside"),
     "readme-symlink-out": (symlink_out("README.md", move=False), "README.md: resolves outside"),
+    "generation-symlink-out": (symlink_out("generation_config.json"), "generation_config.json: resolves outside"),
     # 5: the output never overlaps the source
     "out-is-source": (lambda hf: hf, "--out is the model directory"),
     "out-inside-source": (lambda hf: hf / "checkpoint", "--out lies inside the model directory"),
@@ -323,3 +324,22 @@ def test_shards_and_links_inside_the_directory_still_import(hf, marian_dir, heal
     assert run_import(marian_dir, tmp_path / "single").code == 0
     ours, theirs = (load_file(tmp_path / name / "model.safetensors") for name in ("ck", "single"))
     assert ours.keys() == theirs.keys() and all(ours[k].equal(theirs[k]) for k in ours)
+
+
+def test_a_hugging_face_cache_snapshot_imports_and_a_link_out_of_its_blobs_is_refused(marian_dir, tmp_path):
+    """The cache's layout (models--ORG--NAME/snapshots/REV/FILE -> ../../blobs/SHA) is what a downloaded model looks
+    like: its links may lead into that model's blobs, and nowhere else."""
+    repo = tmp_path / "hub" / "models--org--tiny"
+    snapshot, blobs = repo / "snapshots" / "0123abc", repo / "blobs"
+    snapshot.mkdir(parents=True)
+    blobs.mkdir()
+    for i, file in enumerate(sorted(p for p in marian_dir.iterdir() if p.is_file())):
+        shutil.copyfile(file, blobs / f"blob{i}")
+        (snapshot / file.name).symlink_to(Path("..") / ".." / "blobs" / f"blob{i}")
+    run = run_import(snapshot, tmp_path / "ck")
+    assert run.code == 0, run.stderr
+    (tmp_path / "elsewhere.json").write_text((marian_dir / "config.json").read_text())
+    (snapshot / "config.json").unlink()
+    (snapshot / "config.json").symlink_to(tmp_path / "elsewhere.json")  # out of the model's blobs
+    refused = run_import(snapshot, tmp_path / "ck2")
+    assert refused.code == 2 and "config.json: resolves outside" in refused.stderr, refused.stderr
