@@ -14,6 +14,7 @@ WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY contract ./contract
 COPY model ./model
+COPY client ./client
 COPY export ./export
 COPY server ./server
 COPY loadtest ./loadtest
@@ -33,7 +34,7 @@ ENV SEQSERVE_BUNDLE=/artifacts/bundle SEQSERVE_BIND=0.0.0.0 SEQSERVE_PORT=50051 
 EXPOSE 50051 50052
 # The standard grpc.health.v1 check: NOT_SERVING (exit 1) while loading, warming up or draining.
 HEALTHCHECK --interval=10s --timeout=5s --start-period=60s --retries=3 \
-    CMD ["python", "-m", "seqserve.server.healthcheck", "127.0.0.1:50051"]
+    CMD ["python", "-m", "seqserve.client.healthcheck", "127.0.0.1:50051"]
 # SIGTERM drains: health NOT_SERVING, new calls UNAVAILABLE, in-flight calls finish within SEQSERVE_GRACE_SECONDS.
 STOPSIGNAL SIGTERM
 CMD ["seqserve", "serve"]

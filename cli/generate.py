@@ -10,8 +10,8 @@ import sys
 import grpc
 from google.protobuf import json_format
 
-from seqserve.server.channel import connection_from_args
-from seqserve.server.client import Client, Result, Sequence, decoding_from_args
+from seqserve.client.channel import connection_from_args
+from seqserve.client.client import Client, Result, Sequence, decoding_from_args
 
 
 def run(args: argparse.Namespace) -> int:

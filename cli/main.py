@@ -42,9 +42,9 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _add_serving_commands(sub) -> None:
-    from seqserve.server.channel import add_connection_arguments
-    from seqserve.server.client import add_decoding_arguments
-    from seqserve.server.flags import DEFAULT_ADDRESS
+    from seqserve.client.channel import add_connection_arguments
+    from seqserve.client.client import add_decoding_arguments
+    from seqserve.client.flags import DEFAULT_ADDRESS
     from seqserve.server.settings import add_arguments
 
     p = sub.add_parser("serve", help="serve a bundle over gRPC (flags or SEQSERVE_* environment variables)",

@@ -5,14 +5,14 @@ import sys
 import time
 from pathlib import Path
 
+from seqserve.client.channel import add_connection_arguments
+from seqserve.client.client import add_decoding_arguments
+from seqserve.client.flags import DEFAULT_ADDRESS
 from seqserve.loadtest.driver import LoadTest, LoadTestError, judge, run
 from seqserve.loadtest.slo import Slo
 from seqserve.loadtest.summary import METHODS
 from seqserve.loadtest.sweep import Sweep
 from seqserve.loadtest.workload import add_language_arguments
-from seqserve.server.channel import add_connection_arguments
-from seqserve.server.client import add_decoding_arguments
-from seqserve.server.flags import DEFAULT_ADDRESS
 
 
 def add_arguments(parser) -> None:

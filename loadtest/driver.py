@@ -15,12 +15,12 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from seqserve.client.channel import CONNECTION_HELP
+from seqserve.client.client import decoding_from_args, option_flags, options
+from seqserve.client.flags import flag
 from seqserve.loadtest.slo import Slo, missed
 from seqserve.loadtest.summary import METHODS, Summary
 from seqserve.loadtest.workload import heldout_file, target_languages
-from seqserve.server.channel import CONNECTION_HELP
-from seqserve.server.client import decoding_from_args, option_flags, options
-from seqserve.server.flags import flag
 
 LOCUSTFILE = Path(__file__).with_name("locustfile.py")
 _DURATION = re.compile(r"(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?")
@@ -54,7 +54,7 @@ class LoadTest:
     timeout_s: float | None = None  # deadline of each call
     stop_timeout_s: int = 30  # calls in flight at the end may finish, so client and server counts agree
     reset_stats: bool = False  # leave the ramp-up out of the statistics (sweep steps)
-    connection: dict = field(default_factory=dict)  # server/channel.py's flags (TLS, client certificate, token file)
+    connection: dict = field(default_factory=dict)  # client/channel.py's flags (TLS, client certificate, token file)
     source_language: str = ""  # a multilingual model's source language code
     target_languages: tuple[str, ...] = ()  # cycled call by call (--languages)
     model: str | None = None  # the model every call names (None = the server's one model)

@@ -14,8 +14,8 @@ import grpc
 import grpc.experimental.gevent
 from locust import User
 
+from seqserve.client.channel import Connection, connection_from_args
 from seqserve.loadtest.summary import CALL, FIRST_TOKEN
-from seqserve.server.channel import Connection, connection_from_args
 from seqserve.v1 import seqserve_pb2 as pb
 from seqserve.v1 import seqserve_pb2_grpc as pb_grpc
 

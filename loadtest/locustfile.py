@@ -35,11 +35,11 @@ import random
 from locust import constant, events, tag, task
 from locust.stats import PERCENTILES_TO_REPORT, StatsCSV
 
+from seqserve.client.channel import add_connection_arguments
+from seqserve.client.client import add_decoding_arguments, decoding_from_args
 from seqserve.loadtest.grpc_user import GrpcUser
 from seqserve.loadtest.summary import Summary
 from seqserve.loadtest.workload import Workload, add_language_arguments, heldout_sources, target_languages
-from seqserve.server.channel import add_connection_arguments
-from seqserve.server.client import add_decoding_arguments, decoding_from_args
 
 
 @events.init_command_line_parser.add_listener

@@ -35,13 +35,13 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
+from seqserve.client.healthcheck import check
+from seqserve.contract.devices import DEVICES
 from seqserve.contract.manifest import load_manifest
 from seqserve.contract.tokenizer import load_tokenizer
 from seqserve.contract.tsv import heldout_pairs
 from seqserve.loadtest import bench_report, bench_streams
 from seqserve.loadtest.bench_rows import ENGINE, RowSpec, Workload, run_row
-from seqserve.contract.devices import DEVICES
-from seqserve.server.healthcheck import check
 
 PROG = "python -m seqserve.loadtest.server_bench"
 MAX_CLIENT_PROCESSES = 64

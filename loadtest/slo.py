@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 
+from seqserve.client.flags import flag as _flag
 from seqserve.loadtest.summary import Summary
-from seqserve.server.flags import flag as _flag
 
 
 def _slo(help: str, measure, upper: bool):

@@ -6,7 +6,7 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from seqserve.server.client import options
+from seqserve.client.client import options
 from seqserve.v1 import seqserve_pb2 as pb
 
 

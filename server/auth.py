@@ -13,7 +13,7 @@ import logging
 
 import grpc
 
-from seqserve.server.channel import AUTHORIZATION, BEARER
+from seqserve.client.channel import AUTHORIZATION, BEARER
 from seqserve.server.metrics import Metrics
 
 log = logging.getLogger(__name__)

@@ -13,11 +13,11 @@ import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
+from seqserve.client.flags import DEFAULT_PORT, parse_bool
+from seqserve.client.flags import flag as _flag
 from seqserve.contract.devices import DEVICES
 from seqserve.contract.manifest import VARIANTS
 from seqserve.contract.names import KV_CACHES
-from seqserve.server.flags import DEFAULT_PORT, parse_bool
-from seqserve.server.flags import flag as _flag
 
 ENV_PREFIX = "SEQSERVE_"
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from google.protobuf import json_format
 
-from seqserve.server.client import Client
+from seqserve.client.client import Client
 from seqserve.v1 import seqserve_pb2 as pb
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -1,9 +1,12 @@
 """The package's layers, read from the source with ast (nothing is imported or executed).
 
     cli                                   the command line: may import any layer, lazily per subcommand
-    checks, loadtest                      need PyTorch and the engine together (verify, parity, quality, bench)
+    checks, loadtest                      need PyTorch and the engine together (verify, parity, quality, bench);
+                                          loadtest reaches a running server through client, and only its
+                                          engine-offline modules import server
     export                                checkpoint -> bundle: model + contract
-    model (torch)   server (onnxruntime)  independent of each other
+    model (torch)   server (onnxruntime)  independent of each other; server takes only client's shared conventions
+                    client (grpc)         the client of a running server: no onnxruntime, no engine
     contract, v1                          the bundle contract and the generated gRPC code: import nothing of ours
 
 docs/architecture.md draws the same picture; this test is what keeps it true.
@@ -16,18 +19,31 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-FOLDERS = {"contract": "contract", "model": "model", "server": "server", "export": "export", "checks": "checks",
-           "loadtest": "loadtest", "cli": "cli", "v1": "protos/seqserve/v1"}
+FOLDERS = {"contract": "contract", "model": "model", "client": "client", "server": "server", "export": "export",
+           "checks": "checks", "loadtest": "loadtest", "cli": "cli", "v1": "protos/seqserve/v1"}
 ALLOWED = {  # package -> the packages it may import
     "v1": set(),
     "contract": set(),
     "model": {"contract"},
-    "server": {"contract", "v1"},
+    "client": {"contract", "v1"},
+    "server": {"contract", "v1", "client"},
     "export": {"contract", "model"},
     "checks": {"contract", "model", "server", "export"},
-    "loadtest": {"contract", "model", "server", "export", "v1"},
-    "cli": {"contract", "model", "server", "export", "checks", "loadtest", "v1"},
+    "loadtest": {"contract", "model", "client", "server", "export", "v1"},
+    "cli": {"contract", "model", "client", "server", "export", "checks", "loadtest", "v1"},
 }
+# What of the client the server takes: the conventions both ends of a call share (the default port, a field's flag
+# name, boolean words; the bearer token's metadata key and scheme). Never the generation client or the commands.
+SERVER_FROM_CLIENT = {"seqserve.client.flags", "seqserve.client.channel"}
+# The loadtest modules that run the engine in their own process, without gRPC: every benchmark row (the offline
+# engine row server_bench compares the gRPC path against included), the graph-loop row, the engine, node and step
+# profilers, and the provider probe. Every other loadtest module (locustfile, grpc_user, driver, command, sweep, ...)
+# talks to a running server and reaches it only through seqserve.client.
+ENGINE_OFFLINE = {"seqserve.loadtest.bench_rows", "seqserve.loadtest.graph_loop", "seqserve.loadtest.engine_profile",
+                  "seqserve.loadtest.node_profile", "seqserve.loadtest.step_profile", "seqserve.loadtest.device_probe"}
+# What a load generator process loads (`locust -f locustfile.py`, `seqserve loadtest`): none of it may reach the
+# server package, even through another loadtest module.
+LOAD_GENERATORS = ("seqserve.loadtest.locustfile", "seqserve.loadtest.command")
 # Imports of our own modules inside a function are allowed only where they keep a heavy or optional library out of a
 # process: the CLI (`serve` never loads torch), a benchmark row (each row's process loads only its own backend), and
 # the benchmark's CTranslate2 converter (ctranslate2 is an optional extra). File -> modules it may import lazily.
@@ -84,6 +100,43 @@ def test_each_layer_imports_only_the_layers_below_it(package):
     assert not wrong, "\n".join(wrong)
 
 
+def _server_imports_outside(modules: dict[str, list[tuple[str, bool]]], package: str,
+                            allowed: set[str]) -> list[str]:
+    """`m imports t` for each module m of package outside `allowed` that imports anything of seqserve.server."""
+    return sorted({f"{m} imports {t}" for m, imports in modules.items() if _package(m) == package and m not in allowed
+                   for t, _ in imports if _package(t) == "server"})
+
+
+def test_the_server_takes_only_the_shared_conventions_from_the_client():
+    wrong = sorted({f"{m} imports {t}" for m, imports in GRAPH.items() if _package(m) == "server"
+                    for t, _ in imports if _package(t) == "client" and not t.startswith(tuple(SERVER_FROM_CLIENT))})
+    assert not wrong, "\n".join(wrong)
+
+
+def test_only_the_engine_offline_loadtest_modules_import_the_server():
+    assert ENGINE_OFFLINE <= set(MODULES), sorted(ENGINE_OFFLINE - set(MODULES))
+    wrong = _server_imports_outside(GRAPH, "loadtest", ENGINE_OFFLINE)
+    assert not wrong, "\n".join(wrong)
+
+
+def _closure(module: str) -> set[str]:
+    """Every module of ours that importing `module` loads (imports at module level, followed transitively)."""
+    seen, todo = set(), [module]
+    while todo:
+        m = todo.pop()
+        if m not in seen and m in GRAPH:
+            seen.add(m)
+            todo += [t for t, nested in GRAPH[m] if not nested]
+    return seen
+
+
+@pytest.mark.parametrize("entry", LOAD_GENERATORS)
+def test_a_load_generator_loads_nothing_of_the_server(entry):
+    loaded = _closure(entry)
+    assert "seqserve.client.channel" in loaded  # the closure is followed (it reaches the client's connection flags)
+    assert not sorted(m for m in loaded if _package(m) == "server")
+
+
 def test_no_import_is_hidden_inside_a_function():
     hidden = sorted({f"{MODULES[m].relative_to(ROOT)} imports {t}" for m, imports in GRAPH.items()
                      for t, nested in imports
@@ -117,3 +170,11 @@ def test_the_checker_catches_what_it_forbids(tmp_path):
     imports = _imports(bad)
     assert ("seqserve.model.train", False) in imports and ("seqserve.export.bundle", True) in imports
     assert _package("seqserve.model.train") not in ALLOWED["server"]
+
+
+def test_the_loadtest_rule_catches_a_client_side_module_importing_the_server():
+    """locustfile importing the engine is reported; the same import from a benchmark row is not."""
+    imports = [("seqserve.server.engine", False)]
+    graph = {"seqserve.loadtest.locustfile": imports, "seqserve.loadtest.bench_rows": imports}
+    assert _server_imports_outside(graph, "loadtest", ENGINE_OFFLINE) == [
+        "seqserve.loadtest.locustfile imports seqserve.server.engine"]

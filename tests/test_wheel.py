@@ -1,5 +1,5 @@
 """The wheel installs one package: only `seqserve/` and its `.dist-info` land in site-packages, and the installed
-`seqserve` script and `python -m seqserve.server.healthcheck` run from there."""
+`seqserve` script and `python -m seqserve.client.healthcheck` run from there."""
 from __future__ import annotations
 
 import os
@@ -20,7 +20,7 @@ NOT_SOURCES = shutil.ignore_patterns(".git", ".venv", "artifacts", "build", "dis
 EXPECTED = ["seqserve/__init__.py", "seqserve/protogen.py", "seqserve/v1/seqserve_pb2.py", "seqserve/contract/names.py",
             "seqserve/model/train.py", "seqserve/server/app.py", "seqserve/export/bundle.py",
             "seqserve/checks/verify.py", "seqserve/loadtest/bench.py", "seqserve/cli/main.py",
-            "seqserve/server/healthcheck.py"]
+            "seqserve/client/healthcheck.py"]
 
 
 def _run(args: list, **kwargs) -> subprocess.CompletedProcess:
@@ -68,5 +68,5 @@ def test_installed_into_a_fresh_venv_it_adds_only_seqserve_and_runs(wheel, tmp_p
     assert Path(where.stdout.strip()).is_relative_to(site)
     usage = _run([fresh / "bin" / "seqserve", "--help"], env=env, cwd=tmp_path).stdout
     assert all(command in usage for command in ("train", "export", "verify", "serve", "generate", "bench"))
-    usage = _run([python, "-m", "seqserve.server.healthcheck", "--help"], env=env, cwd=tmp_path).stdout
+    usage = _run([python, "-m", "seqserve.client.healthcheck", "--help"], env=env, cwd=tmp_path).stdout
     assert "host:port" in usage

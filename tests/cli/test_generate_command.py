@@ -9,7 +9,7 @@ import pytest
 from google.protobuf import json_format
 
 from seqserve.cli.main import build_parser, main
-from seqserve.server.client import Client, option_flags
+from seqserve.client.client import Client, option_flags
 from seqserve.v1 import seqserve_pb2 as pb
 
 BEAMS = {"num_beams": 4, "num_return_sequences": 4}

@@ -11,8 +11,8 @@ import hf_fixtures
 import pytest
 
 from seqserve.cli.main import build_parser, main
+from seqserve.client.client import Client
 from seqserve.model.hf_families import FAMILIES
-from seqserve.server.client import Client
 
 pytest.importorskip("transformers")
 

@@ -19,7 +19,7 @@ import grpc
 from ports import free_port
 from prometheus_client.parser import text_string_to_metric_families
 
-from seqserve.server.healthcheck import check
+from seqserve.client.healthcheck import check
 from seqserve.v1 import seqserve_pb2 as pb
 from seqserve.v1 import seqserve_pb2_grpc as pb_grpc
 

@@ -30,7 +30,7 @@ from external_tools import require
 from ports import free_port
 from raw_grpc import unary
 
-from seqserve.server.healthcheck import check
+from seqserve.client.healthcheck import check
 from seqserve.v1 import seqserve_pb2 as pb
 from seqserve.v1 import seqserve_pb2_grpc as pb_grpc
 

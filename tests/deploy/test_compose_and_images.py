@@ -136,6 +136,14 @@ def test_every_path_the_dockerfile_copies_exists_and_reaches_the_build():
         assert not any(Path(src).match(pattern) or src.split("/")[0] == pattern for pattern in ignored), src
 
 
+def test_the_image_gets_every_folder_the_package_installs():
+    """`pip install .` in the image builds from the folders COPY brings: each package-dir source must be among them."""
+    copied = {src.rstrip("/") for line in re.findall(r"^COPY (?:--\S+ )*(.+) \S+$", DOCKERFILE, re.M)
+              for src in line.split()}
+    folders = {path.split("/")[0] for path in PYPROJECT["tool"]["setuptools"]["package-dir"].values()}
+    assert "client" in folders and folders <= copied, sorted(folders - copied)
+
+
 def test_dockerfile_targets_and_what_each_installs():
     stages = re.findall(r"^FROM \S+ AS (\S+)", DOCKERFILE, re.M)
     assert stages[-1] == "serve"  # a plain `docker build .` gives the CPU server

@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 import yaml
 from deploy_harness import ROOT, heldout_inputs, start_replicas, wait_until
 
-from seqserve.server.healthcheck import check
+from seqserve.client.healthcheck import check
 from seqserve.v1 import seqserve_pb2 as pb
 
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())

@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 
 from seqserve.cli.main import build_parser
+from seqserve.client.client import OPTION_NAMES, decoding_from_args
 from seqserve.loadtest.driver import LoadTest, parse_duration
-from seqserve.server.client import OPTION_NAMES, decoding_from_args
 
 
 def _flags(command: str) -> set[str]:

@@ -5,7 +5,7 @@ import grpc
 import pytest
 from grpc_harness import request
 
-from seqserve.server.client import Client
+from seqserve.client.client import Client
 from seqserve.v1 import seqserve_pb2 as pb
 
 BEAMS = dict(num_beams=2)

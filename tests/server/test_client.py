@@ -5,7 +5,7 @@ import grpc
 import pytest
 from grpc_harness import PROVIDER
 
-from seqserve.server.client import Client
+from seqserve.client.client import Client
 
 
 def test_client_generate_stream_batch_and_model_info(served, heldout, reference):

@@ -9,8 +9,8 @@ import grpc
 import pytest
 from grpc_harness import request
 
+from seqserve.client.client import Client
 from seqserve.contract.decoding import FLOAT_RANGES
-from seqserve.server.client import Client
 from seqserve.server.options import InvalidOption, sampling_params
 from seqserve.server.request import SamplingParams
 from seqserve.server.settings import Limits
@@ -204,7 +204,7 @@ def test_help_proto_and_docs_say_unset_is_the_models_default(tmp_path):
 
 
 def test_the_cli_sends_an_option_only_when_given_zero_and_false_included():
-    from seqserve.server.client import decoding_from_args, options
+    from seqserve.client.client import decoding_from_args, options
 
     parser = _generate_parser()
     none = options(**decoding_from_args(parser.parse_args(["x"])))

@@ -1,4 +1,4 @@
-"""server/flags.py holds what every command shares, once: the default address, a field's flag name, the boolean
+"""client/flags.py holds what every command shares, once: the default address, a field's flag name, the boolean
 words. Each command's default is that address, and no other module spells it or builds a flag name itself."""
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 
 from seqserve.cli.main import build_parser
-from seqserve.server.client import Client
-from seqserve.server.flags import DEFAULT_ADDRESS, DEFAULT_PORT, LOOPBACK, flag, parse_bool
+from seqserve.client.client import Client
+from seqserve.client.flags import DEFAULT_ADDRESS, DEFAULT_PORT, LOOPBACK, flag, parse_bool
 from seqserve.server.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
-PRODUCT = ("cli", "contract", "checks", "export", "loadtest", "model", "server")
+PRODUCT = ("cli", "client", "contract", "checks", "export", "loadtest", "model", "server")
 
 
 def test_parse_bool_takes_the_usual_words_and_refuses_others():

@@ -183,10 +183,10 @@ def test_a_missing_or_unknown_language_is_refused_naming_the_field(family, field
 
 
 def test_the_client_cli_and_load_test_carry_the_languages(family, sentences, tmp_path, capsys):
-    """server/client.py's keywords, `seqserve generate --source-language --target-language`, and `seqserve
+    """client/client.py's keywords, `seqserve generate --source-language --target-language`, and `seqserve
     loadtest --source-language --languages` (a target language mix cycled call by call: every call succeeds, which
     a multilingual model allows only with both languages; an unknown code in the mix fails its share)."""
-    from seqserve.server.client import Client
+    from seqserve.client.client import Client
 
     name, _, server, model, tok, _ = family
     source, targets = hf_fixtures.TEST_LANGUAGES[name]

@@ -14,10 +14,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from fixture_builds import THREADS
 from grpc_harness import request
 
+from seqserve.client.client import Client
 from seqserve.contract.manifest import MANIFEST, load_manifest, sha256_of
 from seqserve.contract.verified import VERIFIED
 from seqserve.server import settings as st
-from seqserve.server.client import Client
 from seqserve.v1 import seqserve_pb2 as pb
 
 Code = grpc.StatusCode

@@ -19,10 +19,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 
 from seqserve.cli.main import main
-from seqserve.server.channel import Connection
-from seqserve.server.client import Client
-from seqserve.server.healthcheck import check
-from seqserve.server.healthcheck import main as healthcheck_main
+from seqserve.client.channel import Connection
+from seqserve.client.client import Client
+from seqserve.client.healthcheck import check
+from seqserve.client.healthcheck import main as healthcheck_main
 from seqserve.v1 import seqserve_pb2 as pb
 
 REPO = Path(__file__).resolve().parents[2]
@@ -256,7 +256,7 @@ def test_a_message_over_the_receive_limit_is_resource_exhausted(make_server):
 
 def test_generate_offers_every_connection_flag():
     from seqserve.cli.main import build_parser
-    from seqserve.server.channel import CONNECTION_HELP
+    from seqserve.client.channel import CONNECTION_HELP
 
     generate = build_parser()._subparsers._group_actions[0].choices["generate"]
     assert set(CONNECTION_HELP) <= {a.dest for a in generate._actions}

@@ -1,8 +1,8 @@
-"""`python -m seqserve.server.services`: the methods a real server offers, through reflection; a clear status when
+"""`python -m seqserve.client.services`: the methods a real server offers, through reflection; a clear status when
 there is no reflection to ask."""
 from __future__ import annotations
 
-from seqserve.server.services import main
+from seqserve.client.services import main
 from seqserve.v1 import seqserve_pb2 as pb
 
 

@@ -35,7 +35,7 @@ def test_every_message_field_enum_value_and_method_has_a_comment(tmp_path):
 
 def test_decoding_options_have_one_name_everywhere():
     from seqserve.cli.main import build_parser
-    from seqserve.server.client import OPTION_NAMES
+    from seqserve.client.client import OPTION_NAMES
 
     proto = [f.name for f in pb.DecodingOptions.DESCRIPTOR.fields]
     assert set(proto) == {f.name for f in dataclasses.fields(SamplingParams)}

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import grpc
 
-from seqserve.server.flags import flag
+from seqserve.client.flags import flag
 
 TOKEN_ENV = "SEQSERVE_TOKEN"
 AUTHORIZATION = "authorization"  # gRPC metadata keys are lower case

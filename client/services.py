@@ -1,4 +1,4 @@
-"""`python -m seqserve.server.services [host:port]`: every method the server offers, read through gRPC reflection
+"""`python -m seqserve.client.services [host:port]`: every method the server offers, read through gRPC reflection
 (what `grpcurl list` shows, without grpcurl), one `package.Service/Method` per line.
 
 It accepts the client connection flags (TLS CA, client certificate, token file; token also from SEQSERVE_TOKEN);
@@ -13,8 +13,8 @@ import grpc
 from google.protobuf.descriptor_pool import DescriptorPool
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 
-from seqserve.server.channel import Connection, add_connection_arguments, connection_from_args
-from seqserve.server.flags import DEFAULT_ADDRESS
+from seqserve.client.channel import Connection, add_connection_arguments, connection_from_args
+from seqserve.client.flags import DEFAULT_ADDRESS
 
 
 def methods(address: str, connection: Connection = Connection()) -> list[str]:
@@ -27,7 +27,7 @@ def methods(address: str, connection: Connection = Connection()) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m seqserve.server.services", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m seqserve.client.services", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("address", nargs="?", default=DEFAULT_ADDRESS, help="host:port of the gRPC server "
                                                                             "(default %(default)s)")

@@ -1,4 +1,4 @@
-"""`python -m seqserve.server.healthcheck [host:port] [--ca-file ...]`: exit 0 when the server reports SERVING.
+"""`python -m seqserve.client.healthcheck [host:port] [--ca-file ...]`: exit 0 when the server reports SERVING.
 
 A container probe needs no grpcurl: this asks the standard grpc.health.v1 service, exactly as load balancers do.
 It accepts the client connection flags (TLS CA, client certificate, token file; token also from SEQSERVE_TOKEN).
@@ -11,8 +11,8 @@ import sys
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from seqserve.server.channel import Connection, add_connection_arguments, connection_from_args
-from seqserve.server.flags import DEFAULT_ADDRESS
+from seqserve.client.channel import Connection, add_connection_arguments, connection_from_args
+from seqserve.client.flags import DEFAULT_ADDRESS
 
 
 def check(address: str, service: str = "", timeout: float = 3.0, connection: Connection = Connection()) -> str:
@@ -27,7 +27,7 @@ def check(address: str, service: str = "", timeout: float = 3.0, connection: Con
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m seqserve.server.healthcheck", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m seqserve.client.healthcheck", description=__doc__)
     parser.add_argument("address", nargs="?", default=DEFAULT_ADDRESS, help="host:port of the gRPC server")
     parser.add_argument("--service", default="", help='service to ask about ("" = the whole server)')
     parser.add_argument("--timeout", type=float, default=3.0, help="deadline in seconds")

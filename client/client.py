@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 from google.protobuf.descriptor import FieldDescriptor
 
-from seqserve.server.channel import Connection
-from seqserve.server.flags import DEFAULT_ADDRESS, flag, parse_bool
+from seqserve.client.channel import Connection
+from seqserve.client.flags import DEFAULT_ADDRESS, flag, parse_bool
 from seqserve.v1 import seqserve_pb2 as pb
 from seqserve.v1 import seqserve_pb2_grpc as pb_grpc
 
