@@ -18,6 +18,7 @@ from seqserve.server.inplace_cache import InPlaceCache
 from seqserve.server.kv_cache import ConcatCache
 from seqserve.server.request import Request
 from seqserve.server.slots import Slots
+from seqserve.server.step_output import Need, StepOutput
 
 DEFAULT_CAPACITY = 256  # rows the slot map holds; the scheduler's max_batch_size must not exceed it
 
@@ -56,6 +57,8 @@ class Runner:
         else:
             self.cache = ConcatCache(self.device, self.n_layers, heads, head_dim)
         self.decoder = self._session(files[self.cache.graph]["file"], self.cache.graph)
+        outputs = {o.name for o in self.decoder.get_outputs()}
+        self.token_choice = set(names.TOKEN_CHOICE_OUTPUTS) <= outputs  # steps may fetch ids instead of logits
         self.cross_bytes_per_token = 2 * self.n_layers * cfg["d_model"] * 4  # float32 K and V of one source token
         self._left = False  # a row left since the last step
 
@@ -120,10 +123,16 @@ class Runner:
 
     def step(self) -> np.ndarray:
         """One decoder step for every stepped row: logits (hi, V) float32 for slots [0, hi); a free slot's are noise."""
+        return self.run_step(Need.LOGITS).logits
+
+    def run_step(self, need: Need) -> StepOutput:
+        """One decoder step for every stepped row: what `need` asks for (step_output.py) of slots [0, hi), the logits
+        when the decoder has no token-choice outputs; a free slot's rows are noise."""
         if self._left:  # only a leaving row can leave slots free or past columns unused
             self.cache.after_leave(self.slots)
             self._left = False
-        return self.cache.run(self.decoder, self.slots)[: self.slots.hi]
+        need = need if self.token_choice else Need.LOGITS
+        return self.cache.run(self.decoder, self.slots, need=need).head(self.slots.hi)
 
     def probe(self, rows: list[int]) -> None:
         """Runs the step for these slots alone, changing nothing: raises if one of them makes the graph fail."""
