@@ -14,6 +14,7 @@ import numpy as np
 from seqserve.contract import names
 from seqserve.contract.manifest import Manifest, check_session_io, load_error, load_manifest
 from seqserve.server.device import Device, RuntimeConfig
+from seqserve.server.device_cache import DeviceCross, DeviceInPlaceCache
 from seqserve.server.inplace_cache import InPlaceCache
 from seqserve.server.kv_cache import ConcatCache
 from seqserve.server.request import Request
@@ -24,18 +25,22 @@ DEFAULT_CAPACITY = 256  # rows the slot map holds; the scheduler's max_batch_siz
 
 
 def choose_cache(kind: str, variant_files: dict, provider_device: str) -> str:
-    """inplace (decoder_inplace.onnx, contrib ops, K/V written in place) or concat (plain decoder.onnx)."""
+    """inplace (decoder_inplace.onnx, contrib ops, K/V written in place) or concat (plain decoder.onnx). auto: inplace
+    on the CPU, and on CUDA for float16 buffers (CUDA's GroupQueryAttention takes only fp16/bf16)."""
     has = names.DECODER_INPLACE in variant_files
     if kind == "inplace" and not has:
         raise ValueError("--kv-cache inplace: this bundle variant has no decoder_inplace graph (re-export it)")
     if kind == "auto":
-        return "inplace" if has and provider_device == "cpu" else "concat"
+        half = has and variant_files[names.DECODER_INPLACE].get("kv_dtype") == "float16"
+        return "inplace" if has and (provider_device == "cpu" or half) else "concat"
     return kind
 
 
 class Runner:
     def __init__(self, bundle: str | Path, runtime: RuntimeConfig = RuntimeConfig(), variant: str = "fp32",
-                 capacity: int = DEFAULT_CAPACITY, kv_cache: str = "auto") -> None:
+                 capacity: int = DEFAULT_CAPACITY, kv_cache: str = "auto", device_cache: bool | None = None) -> None:
+        """device_cache: the in-place cache's buffers as device OrtValues (device_cache.py); None: on CUDA only (on
+        the CPU the numpy InPlaceCache measured faster, docs/architecture.md "The device path")."""
         self.bundle = Path(bundle)
         self.manifest: Manifest = load_manifest(self.bundle)
         if variant not in self.manifest.variants:
@@ -52,20 +57,24 @@ class Runner:
         self.kv_cache = choose_cache(kv_cache, files, self.device.ort_device)  # the encoder session settled the device
         if self.kv_cache == "inplace":
             kv_dtype = np.dtype(files[names.DECODER_INPLACE].get("kv_dtype", "float32"))  # fp16: float16 buffers
-            self.cache = InPlaceCache(self.device, self.n_layers, heads, head_dim, capacity, max_new, cfg["vocab_size"],
-                                      kv_dtype)
+            on_device = self.device.ort_device != "cpu" if device_cache is None else device_cache
+            width = cfg["max_positions"] if self.device.cuda_graphs else 0  # captured graphs need a fixed width
+            self.cache = DeviceInPlaceCache(self.device, self.n_layers, heads, head_dim, capacity, max_new,
+                                            cfg["vocab_size"], kv_dtype, width) if on_device else InPlaceCache(
+                self.device, self.n_layers, heads, head_dim, capacity, max_new, cfg["vocab_size"], kv_dtype)
         else:
             self.cache = ConcatCache(self.device, self.n_layers, heads, head_dim)
-        self.decoder = self._session(files[self.cache.graph]["file"], self.cache.graph)
+        self.decoder = self._session(files[self.cache.graph]["file"], self.cache.graph,
+                                     capture=getattr(self.cache, "device_resident", False))
         outputs = {o.name for o in self.decoder.get_outputs()}
         self.token_choice = set(names.TOKEN_CHOICE_OUTPUTS) <= outputs  # steps may fetch ids instead of logits
         self.cross_bytes_per_token = 2 * self.n_layers * cfg["d_model"] * 4  # float32 K and V of one source token
         self._left = False  # a row left since the last step
 
-    def _session(self, file: str, graph: str):
+    def _session(self, file: str, graph: str, capture: bool = False):
         path = self.bundle / file
         try:
-            session = self.device.session(path)
+            session = self.device.decoder_session(path) if capture else self.device.session(path)
         except Exception as exc:  # a corrupted graph: onnxruntime's error types, or a UnicodeDecodeError
             if isinstance(exc, RuntimeError) and str(exc).startswith("--device"):  # our own, already clear
                 raise
@@ -85,6 +94,12 @@ class Runner:
         """One encoder call for these sources: each request keeps its own cross K/V [(H, S, Dh) per layer and kind]
         until it joins (encode-ahead). Returns the seconds spent."""
         start = time.perf_counter()
+        if getattr(self.cache, "device_resident", False):  # the outputs stay on the device until their rows join
+            values, mask = run_encoder(self.encoder, self.device, self.pad_id, self.n_layers,
+                                       [r.input_ids for r in requests])
+            for i, request in enumerate(requests):
+                request.cross = DeviceCross(values, i, int(mask[i].sum()))
+            return time.perf_counter() - start
         cross, mask = self.run_encoder([r.input_ids for r in requests])
         for i, request in enumerate(requests):
             n = int(mask[i].sum())

@@ -1,0 +1,121 @@
+"""The device-resident in-place cache (server/device_cache.py) on 'cpu' OrtValues: the very code CUDA runs (copy
+graphs bound by pointer, outputs fetched from device buffers) gives today's numpy InPlaceCache's tokens exactly."""
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from token_choice_bundle import with_token_choice
+
+from seqserve.contract import names
+from seqserve.contract.tokenizer import load_tokenizer
+from seqserve.contract.tsv import heldout_pairs
+from seqserve.server import onnx_wire
+from seqserve.server.device import RuntimeConfig
+from seqserve.server.device_cache import DeviceInPlaceCache, buckets
+from seqserve.server.engine import Engine
+from seqserve.server.inplace_cache import InPlaceCache
+from seqserve.server.metrics import Metrics
+from seqserve.server.request import Request, SamplingParams
+from seqserve.server.runner import Runner, choose_cache
+from seqserve.server.scheduler import Scheduler, SchedulerConfig
+
+CPU = RuntimeConfig(device="cpu", intra_op_threads=1)
+
+
+@pytest.fixture(scope="module")
+def choice_bundle(tiny_bundle, tmp_path_factory):
+    return with_token_choice(tiny_bundle, tmp_path_factory.mktemp("choice") / "bundle")
+
+
+@pytest.fixture(scope="module")
+def sources(tiny_bundle):
+    tok = load_tokenizer(tiny_bundle / "tokenizer.json")
+    return tok, [tok.encode(s).ids for s, _ in heldout_pairs(tiny_bundle, 40)]
+
+
+def _serve(bundle, tok, requests, device_cache, capacity=8):
+    runner = Runner(bundle, CPU, capacity=capacity, device_cache=device_cache)
+    e = Engine(runner, tok, Scheduler(SchedulerConfig(cross_bytes_per_token=runner.cross_bytes_per_token,
+                                                      max_batch_size=capacity)), Metrics())
+    done = e.generate(requests)
+    return [[(list(s.token_ids), s.finish_reason.value, s.cumulative_logprob) for s in r.result.sequences]
+            for r in done], runner
+
+
+def _mix(ids):
+    """Greedy, beams (reordered rows), sampling and log-probabilities, more requests than slots (rows join late and
+    reuse freed slots, sources of every length widen the cross buffers)."""
+    out = []
+    for i, s in enumerate(ids):
+        kind = i % 4
+        params = [dict(), dict(num_beams=3, num_return_sequences=2), dict(temperature=0.7, seed=i),
+                  dict(return_logprobs=True, min_new_tokens=2)][kind]
+        out.append(Request(s, SamplingParams(max_new_tokens=10 + i % 5, **params)))
+    return out
+
+
+@pytest.mark.parametrize("bundle", ["tiny_bundle", "choice_bundle"])
+def test_device_cache_serves_the_numpy_caches_tokens(request, sources, bundle):
+    tok, ids = sources
+    path = request.getfixturevalue(bundle)
+    today, old = _serve(path, tok, _mix(ids), device_cache=False)
+    got, new = _serve(path, tok, _mix(ids), device_cache=True)
+    assert isinstance(old.cache, InPlaceCache) and isinstance(new.cache, DeviceInPlaceCache)
+    assert got == today
+
+
+def test_the_cpu_default_stays_the_numpy_cache_and_fp16_buffers_choose_inplace_anywhere(tiny_bundle):
+    assert isinstance(Runner(tiny_bundle, CPU, capacity=2).cache, InPlaceCache)
+    half = {names.DECODER_INPLACE: {"kv_dtype": "float16"}}
+    assert choose_cache("auto", half, "cuda") == "inplace"
+    assert choose_cache("auto", {names.DECODER_INPLACE: {"kv_dtype": "float32"}}, "cuda") == "concat"
+
+
+def test_pinning_total_sequence_length_to_the_buffer_gives_the_same_step(choice_bundle, sources):
+    """CUDA graphs replay one total_sequence_length (the buffer's length): per-row lengths alone decide attention."""
+    tok, ids = sources
+    runner = Runner(choice_bundle, CPU, capacity=4, device_cache=True)
+    e = Engine(runner, tok, Scheduler(SchedulerConfig(cross_bytes_per_token=runner.cross_bytes_per_token,
+                                                      max_batch_size=4)), Metrics())
+    for s in ids[:3]:
+        e.submit(Request(s, SamplingParams(max_new_tokens=12)))
+    for _ in range(3):
+        e.step()
+    cache = runner.cache
+    snapshot = [b.numpy().copy() for b in cache.self_kv]
+    normal = runner.cache.run(runner.decoder, runner.slots).logits.copy()
+    for b, saved in zip(cache.self_kv, snapshot):
+        b.numpy()[...] = saved  # the step wrote one column per row: undo it
+    cache.device.cuda_graphs_for_test = True
+    original = type(cache.device).cuda_graphs
+    try:
+        type(cache.device).cuda_graphs = property(lambda d: getattr(d, "cuda_graphs_for_test", False))
+        pinned = runner.cache.run(runner.decoder, runner.slots)
+        assert int(cache._total) == cache.max_len
+    finally:
+        type(cache.device).cuda_graphs = original
+    n = runner.slots.hi
+    np.testing.assert_array_equal(pinned.logits[:n], normal[:n])
+
+
+def test_buckets_cover_every_batch():
+    assert buckets(8) == [1, 2, 4, 8] and buckets(6) == [1, 2, 4, 6] and buckets(1) == [1]
+
+
+def test_wire_format_graph_equals_onnx_own_serialisation():
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    got = onnx_wire.model("g", [onnx_wire.node("Pad", ["x", "p"], ["y"]),
+                           onnx_wire.node("Cast", ["y"], ["z"], to=10)],
+                          [onnx_wire.value("x", np.float32, ["b", 3])], [onnx_wire.value("z", np.float16, ["b", 5])],
+                          [onnx_wire.initializer("p", np.array([0, 1, 0, 1], np.int64))])
+    parsed = onnx.load_from_string(got)
+    onnx.checker.check_model(parsed)
+    assert [n.op_type for n in parsed.graph.node] == ["Pad", "Cast"]
+    assert helper.get_attribute_value(parsed.graph.node[1].attribute[0]) == TensorProto.FLOAT16
+    assert numpy_helper.to_array(parsed.graph.initializer[0]).tolist() == [0, 1, 0, 1]
+    session = ort.InferenceSession(got, providers=["CPUExecutionProvider"])
+    out = session.run(None, {"x": np.ones((2, 3), np.float32)})[0]
+    assert out.dtype == np.float16 and out.tolist() == [[0, 1, 1, 1, 0]] * 2
