@@ -36,6 +36,9 @@ class DeviceCross:
         return self.n, self.values[0].shape()[2]
 
 
+CAPTURE_RUNS = 2  # onnxruntime runs a graph id once as usual, then captures it
+
+
 def buckets(capacity: int) -> list[int]:
     """The batch sizes a CUDA-graph step is padded to: powers of two, then the capacity."""
     out, b = [], 1
@@ -61,8 +64,11 @@ class DeviceInPlaceCache:
         self._ids_host, self._lens_host = np.zeros((capacity, 1), np.int64), np.zeros(capacity, np.int32)
         self._total = np.zeros((), np.int32)  # a CPU input of GroupQueryAttention on every provider
         self._fixed_width = width  # CUDA graphs: the cross width never changes (0: grows with the sources)
+        # Captured mode (CUDA graphs): steps padded to a bucket, total_sequence_length pinned to L, every output
+        # bound (a captured graph has one set of addresses), one binding per bucket. The CPU tests set it by hand.
+        self.captured = device.cuda_graphs
         self._outputs: dict[tuple[int, str], ort.OrtValue] = {}
-        self._bindings: dict[tuple[int, int, Need], object] = {}
+        self._bindings: dict[tuple, object] = {}
         self._past, self._present = names.past_inputs(n_layers), names.present_outputs(n_layers)
         self._cross_names = names.cross_inputs(n_layers)
         self._reset_cross(capacity, width)
@@ -138,8 +144,9 @@ class DeviceInPlaceCache:
         if self._mask_dirty:
             self._mask.update_inplace(self.src_mask)
             self._mask_dirty = False
-        self._total[...] = self.max_len if self.device.cuda_graphs else self._lens_host[:n].max() + 1
-        binding = self._bindings.get((n, self.width, need)) or self._bind(decoder, n, need)
+        self._total[...] = self.max_len if self.captured else self._lens_host[:n].max() + 1
+        key = (n, self.width) if self.captured else (n, self.width, need)
+        binding = self._bindings.get(key) or self._bind(decoder, n, need, key)
         decoder.run_with_iobinding(binding, self.device.run_options(n))
         got = {name: self._outputs[(n, name)].numpy()[:hi] for name in FETCHES[need]}  # the only device -> host copy
         return StepOutput(got.get(names.LOGITS), got.get(names.NEXT_TOKEN_IDS), got.get(names.TOP_TOKEN_IDS),
@@ -147,7 +154,20 @@ class DeviceInPlaceCache:
 
     def _batch(self, hi: int) -> int:
         """The rows a step runs: hi, or the bucket above it when CUDA graphs replay one graph per bucket."""
-        return next(b for b in buckets(self.capacity) if b >= hi) if self.device.cuda_graphs else hi
+        return next(b for b in buckets(self.capacity) if b >= hi) if self.captured else hi
+
+    def capture(self, decoder, slots: Slots) -> int:
+        """Warm-up with no row live: each bucket's graph is captured (onnxruntime captures on a graph id's second
+        run and replays from then on). Free slots attend to nothing, so the runs change no row. Returns the buckets."""
+        if not self.captured or slots.n_live:
+            return 0
+        hi = slots.hi
+        for n in buckets(self.capacity):
+            slots.hi = n
+            for _ in range(CAPTURE_RUNS):
+                self.run(decoder, slots)
+        slots.hi = hi
+        return len(buckets(self.capacity))
 
     def _output(self, n: int, name: str) -> ort.OrtValue:
         if (n, name) not in self._outputs:
@@ -156,8 +176,9 @@ class DeviceInPlaceCache:
             self._outputs[(n, name)] = self._zeros(shape, dtype)
         return self._outputs[(n, name)]
 
-    def _bind(self, decoder, n: int, need: Need):
-        """Every input and output of a batch of n bound by device pointer (kept per (n, width, need))."""
+    def _bind(self, decoder, n: int, need: Need, key: tuple):
+        """Every input and output of a batch of n bound by device pointer (kept per key: (n, width, need), or
+        (n, width) with every output bound when captured)."""
         binding, where = decoder.io_binding(), self.device.ort_device
         for name, value in [(names.DECODER_INPUT_IDS, self._ids), (names.PAST_SEQ_LENS, self._lens),
                             (names.ENCODER_ATTENTION_MASK, self._mask), *zip(self._cross_names, self.cross)]:
@@ -168,9 +189,12 @@ class DeviceInPlaceCache:
             shape = [n, *buf.shape()[1:]]  # the graph writes each row's new column into the buffer itself
             binding.bind_input(past, where, 0, self.dtype, shape, buf.data_ptr())
             binding.bind_output(present, where, 0, self.dtype, shape, buf.data_ptr())
-        for name in FETCHES[need]:
+        have = {o.name for o in decoder.get_outputs()}
+        wanted = [name for name in (names.LOGITS, *names.TOKEN_CHOICE_OUTPUTS) if name in have] if self.captured \
+            else FETCHES[need]
+        for name in wanted:
             binding.bind_ortvalue_output(name, self._output(n, name))
-        self._bindings[(n, self.width, need)] = binding
+        self._bindings[key] = binding
         return binding
 
     def _probe(self, decoder, slots: Slots, rows: np.ndarray) -> np.ndarray:

@@ -68,6 +68,8 @@ class Runner:
                                      capture=getattr(self.cache, "device_resident", False))
         outputs = {o.name for o in self.decoder.get_outputs()}
         self.token_choice = set(names.TOKEN_CHOICE_OUTPUTS) <= outputs  # steps may fetch ids instead of logits
+        if getattr(self.cache, "captured", False):  # CUDA graphs: every bucket captured before the first request
+            self.cache.capture(self.decoder, self.slots)
         self.cross_bytes_per_token = 2 * self.n_layers * cfg["d_model"] * 4  # float32 K and V of one source token
         self._left = False  # a row left since the last step
 

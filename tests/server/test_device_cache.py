@@ -72,31 +72,34 @@ def test_the_cpu_default_stays_the_numpy_cache_and_fp16_buffers_choose_inplace_a
     assert choose_cache("auto", {names.DECODER_INPLACE: {"kv_dtype": "float32"}}, "cuda") == "concat"
 
 
-def test_pinning_total_sequence_length_to_the_buffer_gives_the_same_step(choice_bundle, sources):
-    """CUDA graphs replay one total_sequence_length (the buffer's length): per-row lengths alone decide attention."""
+class Captured(Runner):
+    """The device cache in its CUDA-graph mode on the CPU: steps padded to buckets, total_sequence_length pinned to
+    the buffer length, every output bound, warm-up runs per bucket (only the capture itself is CUDA's)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.cache.captured = True
+        self.warmed = self.cache.capture(self.decoder, self.slots)
+
+
+def test_the_cuda_graph_mode_serves_the_same_tokens(choice_bundle, sources):
     tok, ids = sources
-    runner = Runner(choice_bundle, CPU, capacity=4, device_cache=True)
+    today, _ = _serve(choice_bundle, tok, _mix(ids), device_cache=False, capacity=6)
+    runner = Captured(choice_bundle, CPU, capacity=6, device_cache=True)
     e = Engine(runner, tok, Scheduler(SchedulerConfig(cross_bytes_per_token=runner.cross_bytes_per_token,
-                                                      max_batch_size=4)), Metrics())
-    for s in ids[:3]:
-        e.submit(Request(s, SamplingParams(max_new_tokens=12)))
-    for _ in range(3):
-        e.step()
-    cache = runner.cache
-    snapshot = [b.numpy().copy() for b in cache.self_kv]
-    normal = runner.cache.run(runner.decoder, runner.slots).logits.copy()
-    for b, saved in zip(cache.self_kv, snapshot):
-        b.numpy()[...] = saved  # the step wrote one column per row: undo it
-    cache.device.cuda_graphs_for_test = True
-    original = type(cache.device).cuda_graphs
-    try:
-        type(cache.device).cuda_graphs = property(lambda d: getattr(d, "cuda_graphs_for_test", False))
-        pinned = runner.cache.run(runner.decoder, runner.slots)
-        assert int(cache._total) == cache.max_len
-    finally:
-        type(cache.device).cuda_graphs = original
-    n = runner.slots.hi
-    np.testing.assert_array_equal(pinned.logits[:n], normal[:n])
+                                                      max_batch_size=6)), Metrics())
+    got = [[(list(s.token_ids), s.finish_reason.value, s.cumulative_logprob) for s in r.result.sequences]
+           for r in e.generate(_mix(ids))]
+    assert got == today
+    assert runner.warmed == 4 and int(runner.cache._total) == runner.cache.max_len
+    assert {key[0] for key in runner.cache._bindings} <= {1, 2, 4, 6}  # every step ran at a bucket's size
+
+
+def test_the_cpu_never_takes_the_cuda_graph_path(tiny_bundle):
+    runner = Runner(tiny_bundle, RuntimeConfig(device="cpu", intra_op_threads=1, cuda_graphs=True), capacity=4,
+                    device_cache=True)
+    assert not runner.device.cuda_graphs and not runner.cache.captured and runner.device.run_options(4) is None
+    assert runner.decoder.get_providers() == ["CPUExecutionProvider"]
 
 
 def test_buckets_cover_every_batch():
@@ -119,3 +122,19 @@ def test_wire_format_graph_equals_onnx_own_serialisation():
     session = ort.InferenceSession(got, providers=["CPUExecutionProvider"])
     out = session.run(None, {"x": np.ones((2, 3), np.float32)})[0]
     assert out.dtype == np.float16 and out.tolist() == [[0, 1, 1, 1, 0]] * 2
+
+
+def test_a_probe_on_the_device_cache_changes_nothing_and_sees_the_step(tiny_bundle, sources):
+    tok, ids = sources
+    runner = Runner(tiny_bundle, CPU, capacity=4, device_cache=True)
+    e = Engine(runner, tok, Scheduler(SchedulerConfig(cross_bytes_per_token=runner.cross_bytes_per_token,
+                                                      max_batch_size=4)), Metrics())
+    for s in ids[:3]:
+        e.submit(Request(s, SamplingParams(max_new_tokens=12)))
+    e.step()
+    e.step()
+    before = [b.numpy().copy() for b in runner.cache.self_kv]
+    alone = runner.cache.run(runner.decoder, runner.slots, np.array([1, 2])).logits
+    assert all((b.numpy() == saved).all() for b, saved in zip(runner.cache.self_kv, before))
+    step = runner.step()
+    np.testing.assert_allclose(alone, step[[1, 2]], atol=1e-5)
