@@ -138,3 +138,42 @@ def test_a_probe_on_the_device_cache_changes_nothing_and_sees_the_step(tiny_bund
     assert all((b.numpy() == saved).all() for b, saved in zip(runner.cache.self_kv, before))
     step = runner.step()
     np.testing.assert_allclose(alone, step[[1, 2]], atol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def fp16_bundle(tiny_bundle, tmp_path_factory):
+    """The tiny bundle with its fp16 variant: decoder_inplace.fp16.onnx, float16 buffers and the token-choice outputs
+    (the graph the device path is for)."""
+    import shutil
+
+    from seqserve.contract.manifest import load_manifest
+    from seqserve.export.variants import add_variant
+
+    out = tmp_path_factory.mktemp("fp16") / "bundle"
+    shutil.copytree(tiny_bundle, out)
+    manifest = load_manifest(out)
+    add_variant(out, manifest, "fp16")
+    manifest.save(out)
+    return out
+
+
+def test_on_the_test_device_the_fp16_graph_serves_the_same_tokens_with_and_without_cuda_graphs(fp16_bundle, sources):
+    """SEQSERVE_TEST_DEVICE=cuda: the real CUDA path, captured graphs against uncaptured ones (same kernels, so the
+    same tokens); on the CPU the captured mode is set by hand (padding, pinned length, every output bound)."""
+    from grpc_harness import DEVICE
+
+    tok, ids = sources
+    runs = []
+    for graphs in (False, True):
+        cfg = RuntimeConfig(device=DEVICE, intra_op_threads=1, cuda_graphs=graphs)
+        runner = Runner(fp16_bundle, cfg, variant="fp16", capacity=6, device_cache=True)
+        assert runner.token_choice and runner.kv_cache == "inplace"
+        if graphs and DEVICE == "cpu":
+            runner.cache.captured = True
+        assert runner.cache.captured == graphs
+        e = Engine(runner, tok, Scheduler(SchedulerConfig(cross_bytes_per_token=runner.cross_bytes_per_token,
+                                                          max_batch_size=6)), Metrics())
+        runs.append([[(list(s.token_ids), s.finish_reason.value) for s in r.result.sequences]
+                     for r in e.generate(_mix(ids))])
+    assert runs[0] == runs[1]
+    assert any(len(r) == 2 for r in runs[0])  # the beam requests ran
