@@ -177,3 +177,18 @@ def test_on_the_test_device_the_fp16_graph_serves_the_same_tokens_with_and_witho
                      for r in e.generate(_mix(ids))])
     assert runs[0] == runs[1]
     assert any(len(r) == 2 for r in runs[0])  # the beam requests ran
+
+
+def test_serving_with_cuda_graphs_on_the_cpu_ignores_them_and_serves_todays_text(make_server, served, heldout):
+    from grpc_harness import DEVICE
+
+    from seqserve.v1 import seqserve_pb2 as pb
+
+    server = make_server(cuda_graphs=True)
+    runner = server.app.runner
+    if DEVICE == "cpu":  # --cuda-graphs is a CUDA setting: the CPU keeps its numpy cache and plain runs
+        assert not runner.device.cuda_graphs and isinstance(runner.cache, InPlaceCache)
+    for source, _ in heldout[:4]:
+        want = served.stub.Generate(pb.GenerateRequest(input=source), timeout=30)
+        got = server.stub.Generate(pb.GenerateRequest(input=source), timeout=30)
+        assert list(got.token_ids) == list(want.token_ids)
