@@ -125,7 +125,8 @@ def decoder_inplace_outputs(n_layers: int) -> list[str]:
 
 def token_choice_signature() -> dict[str, tuple[str, list]]:
     """The token-choice outputs' element types and dimensions (a decoder graph may end with them)."""
-    return {NEXT_TOKEN_IDS: (INT64, [BATCH]), TOP_TOKEN_IDS: (INT64, [BATCH, TOP]), TOP_LOGPROBS: (FLOAT32, [BATCH, TOP])}
+    return {NEXT_TOKEN_IDS: (INT64, [BATCH]), TOP_TOKEN_IDS: (INT64, [BATCH, TOP]),
+            TOP_LOGPROBS: (FLOAT32, [BATCH, TOP])}
 
 
 def kv_dims(length: str) -> list[str]:

@@ -1,7 +1,8 @@
 """The device cache's copies as tiny onnxruntime graphs (onnx_wire.py), bound by device pointer: nothing crosses the
 bus. place: rows of an encoder output, first n source columns, padded with zeros to the cache's width, into slots;
-copy: one slot's whole self K/V into another (a beam taking its parent's past). Each runs every layer's tensors in one
-call; a session per tensor count and dtype is made on first use."""
+reorder: slots take over other slots' whole self K/V (beams taking their parents' past: Gather by parent index, then
+ScatterND into the buffer itself). Each runs every layer's tensors in one call; a session per tensor count and dtype
+is made on first use."""
 from __future__ import annotations
 
 import numpy as np
@@ -10,7 +11,7 @@ import onnxruntime as ort
 from seqserve.server import onnx_wire as w
 from seqserve.server.device import Device
 
-_END, _PADS, _ZERO, _AXIS = "end", "pads", "zero", "axis"
+_END, _PADS, _ZERO, _AXIS, _SRC, _DST = "end", "pads", "zero", "axis", "src", "dst"
 
 
 class CopyGraphs:
@@ -32,8 +33,11 @@ class CopyGraphs:
                     *([w.node("Cast", [f"s{i}"], [f"c{i}"], to=w.ELEM[self.dtype])] if cast else []),
                     w.node("Pad", [f"c{i}" if cast else f"s{i}", _PADS], [f"y{i}"]))]
                 inits = [w.initializer(_ZERO, np.zeros(1, np.int64)), w.initializer(_AXIS, np.array([2], np.int64))]
-            else:
-                nodes, inits = [w.node("Identity", [f"x{i}"], [f"y{i}"]) for i in range(k)], []
+            else:  # y = ScatterND(x, dst, Gather(x, src)), y bound to x's memory: every row is read before any write
+                ins += [w.value(_SRC, np.int64, ["n"]), w.value(_DST, np.int64, ["n", 1])]
+                nodes = [n for i in range(k) for n in (w.node("Gather", [f"x{i}", _SRC], [f"g{i}"], axis=0),
+                                                        w.node("ScatterND", [f"x{i}", _DST, f"g{i}"], [f"y{i}"]))]
+                inits = []
             self._sessions[(kind, k, src)] = self.device.session_from_bytes(w.model(kind, nodes, ins, outs, inits))
         return self._sessions[(kind, k, src)]
 
@@ -52,14 +56,16 @@ class CopyGraphs:
         binding.bind_cpu_input(_PADS, np.array([0, 0, 0, 0, 0, 0, width - n, 0], np.int64))
         session.run_with_iobinding(binding)
 
-    def copy_rows(self, buffers: list, src: int, dst: int, row_bytes: int) -> None:
-        """buffers[j][dst] = buffers[j][src] (every j), whole rows of row_bytes bytes."""
-        session, where = self._session("copy", len(buffers)), self.device.ort_device
+    def reorder(self, buffers: list, src: np.ndarray, dst: np.ndarray) -> None:
+        """buffers[j][dst] = buffers[j][src] (every j), in place on the device."""
+        session, where = self._session("reorder", len(buffers)), self.device.ort_device
         binding = session.io_binding()
-        row = row_bytes // self.dtype.itemsize
         for i, buf in enumerate(buffers):
-            binding.bind_input(f"x{i}", where, 0, self.dtype, [1, 1, 1, row], buf.data_ptr() + src * row_bytes)
-            binding.bind_output(f"y{i}", where, 0, self.dtype, [1, 1, 1, row], buf.data_ptr() + dst * row_bytes)
+            shape = buf.shape()
+            binding.bind_input(f"x{i}", where, 0, self.dtype, shape, buf.data_ptr())
+            binding.bind_output(f"y{i}", where, 0, self.dtype, shape, buf.data_ptr())
+        binding.bind_cpu_input(_SRC, np.ascontiguousarray(src, np.int64))
+        binding.bind_cpu_input(_DST, np.ascontiguousarray(dst, np.int64).reshape(-1, 1))
         session.run_with_iobinding(binding)
 
 

@@ -5,7 +5,8 @@ runs on 'cpu' OrtValues.
 Layout and rules are InPlaceCache's (inplace_cache.py): per layer and kind a (C, H, L, Dh) self K/V buffer written in
 place by GroupQueryAttention, (C, H, W, Dh) cross K/V with a (C, W) source mask, a step on slots [0, n) bound by
 pointer. What InPlaceCache does with numpy here runs as a tiny graph on the device (copy_graphs.py): a joining row's
-cross K/V go from the encoder's output into its slot (Slice + Pad), a beam's row from its parent's (Identity).
+cross K/V go from the encoder's output into its slot (Slice + Pad), beams' rows from their parents' (Gather and
+ScatterND).
 With CUDA graphs (Device.cuda_graphs) a step is padded to a batch bucket, its inputs live at fixed device addresses
 and total_sequence_length is pinned to L, so one captured graph per bucket replays every step.
 """
@@ -126,10 +127,9 @@ class DeviceInPlaceCache:
         """Nothing to do: rows never move, and a free slot's stale K/V are never read."""
 
     def reorder(self, dst: np.ndarray, src: np.ndarray, columns: int) -> None:
-        """Beam search: rows dst take over rows src's self K/V on the device (dst and src are disjoint, so every copy
-        reads a row no other copy writes). Whole rows are copied: a row's buffer is contiguous, its columns are not."""
-        for d, s in zip(np.asarray(dst).tolist(), np.asarray(src).tolist()):
-            self.graphs.copy_rows(self.self_kv, s, d, self._row_bytes)
+        """Beam search: rows dst take over rows src's self K/V on the device, by parent index in one call (dst and src
+        are disjoint). Whole rows are copied: a row's buffer is contiguous, its first columns are not."""
+        self.graphs.reorder(self.self_kv, np.asarray(src), np.asarray(dst))
 
     def run(self, decoder, slots: Slots, rows: np.ndarray | None = None, need: Need = Need.LOGITS) -> StepOutput:
         if rows is not None:
