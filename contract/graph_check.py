@@ -39,6 +39,23 @@ def check_dims(session, model: dict) -> None:
                                         f"manifest's {what} is {want}")
         if arg.name == names.LOGITS and isinstance(shape[-1], int) and shape[-1] != vocab:
             raise GraphMismatch(f"{arg.name} has {shape[-1]} classes but the manifest's model.vocab_size is {vocab}")
+    check_token_choice(session)
+
+
+def check_token_choice(session) -> None:
+    """A graph's token-choice outputs, if it has any: all of them, with their types and TOP_K candidates a row."""
+    outputs = {o.name: o for o in session.get_outputs()}
+    present = [n for n in names.TOKEN_CHOICE_OUTPUTS if n in outputs]
+    if present and len(present) != len(names.TOKEN_CHOICE_OUTPUTS):
+        raise GraphMismatch(f"has token-choice outputs {present} but not all of {list(names.TOKEN_CHOICE_OUTPUTS)}")
+    types = {names.INT64: "tensor(int64)", names.FLOAT32: "tensor(float)"}
+    for name in present:
+        dtype, dims = names.token_choice_signature()[name]
+        shape = list(outputs[name].shape)
+        if outputs[name].type != types[dtype] or len(shape) != len(dims):
+            raise GraphMismatch(f"{name} is {outputs[name].type} {shape}, expected {dtype} {dims}")
+        if len(dims) == 2 and shape[1] != names.TOP_K:
+            raise GraphMismatch(f"{name} has {shape[1]} candidates a row, expected names.TOP_K={names.TOP_K}")
 
 
 def probe(session, graph: str, model: dict, special: dict) -> None:

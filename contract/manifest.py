@@ -223,9 +223,13 @@ def check_file(directory: Path, entry: dict) -> None:
 
 
 def check_session_io(path: Path, session, graph: str, manifest: Manifest) -> None:
-    """Refuses a graph whose onnxruntime inputs/outputs differ from the manifest's."""
+    """Refuses a graph whose onnxruntime inputs/outputs differ from the manifest's. A decoder graph may end with the
+    token-choice outputs (names.TOKEN_CHOICE_OUTPUTS, all of them; its variant entry lists them as token_choice)."""
     got = {"inputs": [i.name for i in session.get_inputs()], "outputs": [o.name for o in session.get_outputs()]}
     want = manifest.io[graph]
+    choice = list(names.TOKEN_CHOICE_OUTPUTS)
+    if graph != names.ENCODER and got["outputs"][-len(choice):] == choice:
+        got["outputs"] = got["outputs"][: -len(choice)]
     if got != want:
         raise BundleError(f"{path}: graph inputs/outputs {got} do not match {MANIFEST} {want}")
     try:

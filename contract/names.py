@@ -51,6 +51,15 @@ TOTAL_SEQ_LEN = "total_sequence_length"  # int32 scalar []: max(n_b) + 1
 
 LOGITS = "logits"  # float32 [batch, vocab]
 
+# Token choice computed in the graph from the logits, so a GPU step copies ids to the host instead of the logits.
+# A decoder graph has all three or none (a bundle exported before them: the server chooses from the logits).
+NEXT_TOKEN_IDS = "next_token_ids"  # int64 [batch]: each row's argmax (ties: the lower id, as numpy's argmax)
+TOP_TOKEN_IDS = "top_token_ids"  # int64 [batch, top_k]: each row's TOP_K best ids, best first, ties: the lower id
+TOP_LOGPROBS = "top_logprobs"  # float32 [batch, top_k]: their log_softmax, computed in float32 in every variant
+TOKEN_CHOICE_OUTPUTS = (NEXT_TOKEN_IDS, TOP_TOKEN_IDS, TOP_LOGPROBS)
+TOP_K = 16  # beams keep 2 x num_beams candidates a row: covers num_beams <= 8 (the server's default max_num_beams)
+TOP = "top_k"  # the dimension name of TOP_TOKEN_IDS / TOP_LOGPROBS (static: TOP_K)
+
 KINDS = ("key", "value")
 
 
@@ -112,6 +121,12 @@ def decoder_inplace_inputs(n_layers: int) -> list[str]:
 def decoder_inplace_outputs(n_layers: int) -> list[str]:
     """present.{i}.decoder.* [batch, heads, max_len, head_dim]: bind each to its past input's buffer."""
     return decoder_outputs(n_layers)
+
+
+def token_choice_signature() -> dict[str, tuple[str, list]]:
+    """The token-choice outputs' element types and dimensions (a decoder graph may end with them)."""
+    return {NEXT_TOKEN_IDS: (INT64, [BATCH]), TOP_TOKEN_IDS: (INT64, [BATCH, TOP]),
+            TOP_LOGPROBS: (FLOAT32, [BATCH, TOP])}
 
 
 def kv_dims(length: str) -> list[str]:

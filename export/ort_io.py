@@ -69,9 +69,10 @@ def inplace_step(
     src_mask: np.ndarray,  # (batch, src_len) 1 = source token
     self_kv: list[np.ndarray],  # K0, V0, K1, V1, ... (batch, heads, max_len, head_dim), C-contiguous: written in place
     cross: list[np.ndarray],  # K0, V0, K1, V1, ... (batch, heads, src_len, head_dim)
+    fetch: str = names.LOGITS,  # or a token-choice output (names.NEXT_TOKEN_IDS, ...) of a graph that has them
 ) -> np.ndarray:
     """One decoder_inplace step: present.* is bound to the memory of past_key_values.*, so the step writes column
-    n_b of row b's buffers (nothing else) and returns only the logits (batch, vocab) float32.
+    n_b of row b's buffers (nothing else) and returns only `fetch`: the logits (batch, vocab) float32 by default.
 
     A free slot is a row with n_b = 0 and an all-zero src_mask: it attends to its own new token only, writes its
     column 0 and its logits are finite and meaningless. A slot is reused by setting n_b = 0 and writing the new
@@ -80,6 +81,9 @@ def inplace_step(
     """
     lens = np.ascontiguousarray(past_lens, np.int32)
     if lens.size == 0:  # onnxruntime 1.31's CPU GroupQueryAttention divides by zero on an empty batch (SIGFPE)
+        if fetch != names.LOGITS:
+            return np.zeros((0,) if fetch == names.NEXT_TOKEN_IDS else (0, names.TOP_K),
+                            np.float32 if fetch == names.TOP_LOGPROBS else np.int64)
         return np.zeros((0, session.get_outputs()[0].shape[-1]), np.float32)
     max_len = self_kv[0].shape[2]
     if not (0 <= lens.min() and lens.max() < max_len):  # onnxruntime does not check: it would write out of bounds
@@ -89,7 +93,7 @@ def inplace_step(
             raise ValueError("self_kv buffers must be C-contiguous and share one dtype and shape")
     n = len(self_kv) // 2
     binding = session.io_binding()
-    binding.bind_output(names.LOGITS, "cpu")  # bound first: get_outputs() follows the binding order
+    binding.bind_output(fetch, "cpu")  # bound first: get_outputs() follows the binding order
     binding.bind_cpu_input(names.DECODER_INPUT_IDS, np.ascontiguousarray(ids, np.int64).reshape(-1, 1))
     binding.bind_cpu_input(names.PAST_SEQ_LENS, lens)
     binding.bind_cpu_input(names.TOTAL_SEQ_LEN, np.array(int(lens.max()) + 1, np.int32))

@@ -29,6 +29,7 @@ from seqserve.export import variants as vr
 from seqserve.export.inplace_decoder import export_inplace_decoder
 from seqserve.export.onnx_export import export_decoder
 from seqserve.export.ort_io import cpu_session, inplace_step
+from seqserve.export.token_choice import add_token_choice
 from seqserve.model import presets
 from seqserve.model.config import ModelConfig
 from seqserve.model.transformer import Transformer
@@ -36,6 +37,7 @@ from seqserve.model.transformer import Transformer
 _DEFAULT = presets.preset("default")
 SHAPES = {"default": asdict(_DEFAULT.arch) | {"vocab_size": _DEFAULT.vocab_size}} | {
     name: asdict(arch) | {"vocab_size": presets.SHAPE_VOCAB} for name, arch in presets.SHAPES.items()}
+CHOICE = "inplace+choice"  # the in-place graph with the token-choice outputs, fetching only the ids
 SRC_LEN, STEPS = 16, 32  # the issue's graph-loop setting; --steps lengthens the generation
 
 
@@ -76,9 +78,11 @@ def plain_loop(session: ort.InferenceSession, cfg, batch: int, rng, steps: int =
     return run
 
 
-def inplace_loop(session: ort.InferenceSession, cfg, batch: int, rng, steps: int = STEPS) -> Callable[[], None]:
+def inplace_loop(session: ort.InferenceSession, cfg, batch: int, rng, steps: int = STEPS,
+                 choice: bool = False) -> Callable[[], None]:
     """One generation through decoder_inplace.onnx with the reference driver (ort_io.inplace_step); the buffers
-    hold twice the generation, as a server's would hold more than any one row uses."""
+    hold twice the generation, as a server's would hold more than any one row uses. choice: the graph ends with the
+    token-choice outputs and the step fetches only the ids (no argmax on the host)."""
     ids = rng.integers(4, cfg.vocab_size, (batch, steps))
     cross = _kv(cfg, batch, SRC_LEN, rng)
     src_mask = np.ones((batch, SRC_LEN), np.int64)
@@ -86,15 +90,25 @@ def inplace_loop(session: ort.InferenceSession, cfg, batch: int, rng, steps: int
 
     def run() -> None:
         for t in range(steps):
-            inplace_step(session, ids[:, t : t + 1], np.full(batch, t, np.int32), src_mask, buffers, cross).argmax(-1)
+            args = (session, ids[:, t : t + 1], np.full(batch, t, np.int32), src_mask, buffers, cross)
+            if choice:
+                inplace_step(*args, fetch=names.NEXT_TOKEN_IDS)
+            else:
+                inplace_step(*args).argmax(-1)
     return run
 
 
-def build(model: Transformer, directory: Path, int8: bool) -> dict[str, Path]:
-    """{label: graph file}: fp32 plain and in-place, and their int8 variants if asked."""
+def build(model: Transformer, directory: Path, int8: bool, token_choice: bool = False) -> dict[str, Path]:
+    """{label: graph file}: fp32 plain and in-place, their int8 variants if asked, and the in-place graph with the
+    token-choice outputs (export/token_choice.py) if asked."""
     paths = {"plain fp32": directory / names.DECODER_FILE, "inplace fp32": directory / names.DECODER_INPLACE_FILE}
     export_decoder(model, paths["plain fp32"])
     export_inplace_decoder(model, paths["inplace fp32"])
+    if token_choice:
+        import onnx
+
+        paths[CHOICE] = directory / "inplace_choice.onnx"
+        onnx.save(add_token_choice(onnx.load(str(paths["inplace fp32"]))), str(paths[CHOICE]))
     if int8:
         for label in ("plain", "inplace"):
             dst = directory / f"{label}.int8.onnx"
@@ -111,8 +125,12 @@ def measure(paths: dict[str, Path], cfg, batches: list[int], rounds: int, thread
         loops = {}
         for label, path in paths.items():
             session = cpu_session(path, threads=threads)
-            make = inplace_loop if label.startswith("inplace") else plain_loop
-            loops[label] = make(session, cfg, batch, np.random.default_rng(0), steps)
+            rng = np.random.default_rng(0)
+            if label == CHOICE:
+                loops[label] = inplace_loop(session, cfg, batch, rng, steps, choice=True)
+            else:
+                make = inplace_loop if label.startswith("inplace") else plain_loop
+                loops[label] = make(session, cfg, batch, rng, steps)
             loops[label]()  # warm-up
         cpu: dict[str, list[float]] = {label: [] for label in loops}
         wall: dict[str, list[float]] = {label: [] for label in loops}
@@ -136,11 +154,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--steps", type=int, default=STEPS, help="tokens per generation (below max_positions, 256)")
     parser.add_argument("--no-int8", action="store_true")
+    parser.add_argument("--token-choice", action="store_true",
+                        help="also the in-place graph with the token-choice outputs, fetching only the ids")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     model = random_model(args.shape)
     with tempfile.TemporaryDirectory() as tmp:
-        paths = build(model, Path(tmp), int8=not args.no_int8)
+        paths = build(model, Path(tmp), int8=not args.no_int8, token_choice=args.token_choice)
         nodes = {label: _node_count(path) for label, path in paths.items()}
         load_before = _load()
         rows = measure(paths, model.cfg, args.batch, args.rounds, args.threads, args.steps)

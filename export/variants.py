@@ -17,6 +17,7 @@ import numpy as np
 from seqserve.contract import manifest as mf
 from seqserve.contract import names
 from seqserve.export.ort_io import cpu_session, random_decoder_feeds
+from seqserve.export.token_choice import add_token_choice
 
 
 def make_int8(src: Path, dst: Path) -> None:
@@ -84,7 +85,8 @@ def make_fp16(src: Path, dst: Path) -> None:
 
 def make_fp16_inplace(src: Path, dst: Path) -> None:
     """decoder_inplace in float16 with float16 K/V buffers: past and present must stay one tensor (a Cast between
-    them would copy), so only the logits keep float32. On CUDA, GroupQueryAttention runs only in float16/bfloat16."""
+    them would copy), so only the logits keep float32. On CUDA, GroupQueryAttention runs only in float16/bfloat16.
+    It is the CUDA graph, so it ends with the token-choice outputs, computed from the float32 logits."""
     import onnx
     from onnxruntime.transformers.float16 import convert_float_to_float16
 
@@ -92,6 +94,7 @@ def make_fp16_inplace(src: Path, dst: Path) -> None:
         warnings.simplefilter("ignore")
         half = convert_float_to_float16(onnx.load(str(src)), keep_io_types=[names.LOGITS])
     _topological_sort(half.graph)
+    add_token_choice(half)  # after the conversion: LogSoftmax stays float32
     onnx.save(half, str(dst))
 
 
@@ -114,6 +117,7 @@ def _topological_sort(graph) -> None:
 
 BUILDERS = {"int8": make_int8, "fp16": make_fp16}
 INPLACE_BUILDERS = {"int8": make_int8, "fp16": make_fp16_inplace}
+TOKEN_CHOICE_VARIANTS = ("fp16",)  # their decoder_inplace ends with the token-choice outputs (the CUDA graph)
 KV_DTYPES = {"fp16": "float16"}  # decoder_inplace K/V buffers per variant (float32 otherwise)
 
 
@@ -135,6 +139,8 @@ def add_variant(directory: Path, manifest: mf.Manifest, variant: str) -> dict:
         described = {k: v for k, v in manifest.variants["fp32"][graph].items() if k not in ("file", "sha256", "bytes")}
         if graph == names.DECODER_INPLACE:
             described["kv_dtype"] = KV_DTYPES.get(variant, "float32")
+            if variant in TOKEN_CHOICE_VARIANTS:
+                described["token_choice"] = list(names.TOKEN_CHOICE_OUTPUTS)
         _check_io_types(cpu_session(src), session, dst, manifest.n_layers, described.get("kv_dtype", "float32"))
         entry[graph] = mf.file_entry(directory, out[graph]) | described
     entry["quality"] = {}
@@ -148,6 +154,10 @@ def _check_io_types(reference, session, path: Path, n_layers: int, kv_dtype: str
     kv_type = {"float32": "tensor(float)", "float16": "tensor(float16)"}[kv_dtype]
     want = [(v.name, kv_type if v.name in kv else v.type) for v in reference.get_inputs() + reference.get_outputs()]
     got = [(v.name, v.type) for v in session.get_inputs() + session.get_outputs()]
+    choice = [(n, f"tensor({'int64' if t == names.INT64 else 'float'})")
+              for n, (t, _) in names.token_choice_signature().items()]
+    if got[len(want):] == choice and len(got) == len(want) + len(choice):  # the CUDA graph's token-choice outputs
+        got = got[: len(want)]
     if got != want:
         raise mf.BundleError(f"{path}: input/output types {got} differ from fp32's {want}")
 

@@ -26,11 +26,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from seqserve.contract import names
 from seqserve.contract.scoring import score
 from seqserve.server.constraints import Constraints
 from seqserve.server.request import FinishReason, Request, Sequence, TokenLogprob
 from seqserve.server.runner import Runner
 from seqserve.server.sampling import log_softmax
+from seqserve.server.step_output import StepOutput
 
 CANDIDATES_PER_BEAM = 2  # HF keeps 2 x num_beams candidates (one end token)
 
@@ -134,7 +136,34 @@ class Beams:
             mine = self._owner == request.id  # (C,) its rows, if still placed
             self._owner[mine], self._beam[mine] = 0, 0
 
-    def advance(self, logits: np.ndarray, now: float) -> list[BeamResult]:
+    def needs_logits(self) -> bool:
+        """Whether this step's beams need the whole logits (a token rule, top_logprobs, min_new_tokens still
+        masking the end token, or more candidates than the graph's TOP_K) rather than the graph's top-k."""
+        slots, hi = self.runner.slots, self.runner.slots.hi
+        live = self._beam[:hi] != 0
+        return bool(self.constraints.active or self._n_top or (live & (slots.length[:hi] < slots.min_new[:hi])).any()
+                    or CANDIDATES_PER_BEAM * int(self._width[:hi][live].max(initial=0)) > names.TOP_K)
+
+    def _from_logits(self, logits: np.ndarray, rows: np.ndarray, length: np.ndarray, k: int):
+        """(idx (R, k) each beam's best ids, ascending; lp (R, k) their float64 log-probabilities; the top_logprobs
+        alternatives by row index) from the logits, after the model's token rules and min_new_tokens."""
+        slots, eos = self.runner.slots, self.eos_id
+        raw = logits[rows]  # (R, V) float32, a copy
+        top = raw.max(axis=1, keepdims=True).astype(np.float64)  # (R, 1)
+        e = np.subtract(raw, top, dtype=np.float64)  # (R, V) x - max in float64, as sampling.log_softmax
+        log_z = np.log(np.exp(e, out=e).sum(axis=1))  # (R,) the model's distribution, before min_new_tokens
+        if self.constraints.active:  # the model's token rules act on log-probabilities, as HF's processors on beams
+            raw, top, log_z = self._constrained(raw, top, log_z, length, slots.max_new[rows], slots.first[rows])
+        tops = {i: top_alternatives(_shifted(raw, top, i) - log_z[i], int(self._top_n[rows[i]]))
+                for i in np.flatnonzero(self._top_n[rows]).tolist()} if self._n_top else {}
+        no_eos = length < slots.min_new[rows]  # (R,) HF masks the end token after log_softmax
+        if no_eos.any():
+            raw[no_eos, eos] = -np.inf
+        idx = _top_tokens(raw, top, k)  # (R, k) each beam's best, ascending
+        lp = _shifted(raw, top, np.arange(rows.size)[:, None], idx) - log_z[:, None]  # (R, k)
+        return idx, lp, tops
+
+    def advance(self, logits: np.ndarray | StepOutput, now: float) -> list[BeamResult]:
         """One step for every beam request: select, reorder the caches by index, append the chosen tokens.
         Returns the beam requests that ended this step (their rows are still placed; the engine retires them).
         now is unused: a request's timings are the engine's."""
@@ -151,20 +180,12 @@ class Beams:
         lead, length = rows[start], slots.length[rows]  # (Q,) each request's best live row; (R,) tokens so far
         width = self._width[lead]  # (Q,)
 
-        raw = logits[rows]  # (R, V) float32, a copy
-        top = raw.max(axis=1, keepdims=True).astype(np.float64)  # (R, 1)
-        e = np.subtract(raw, top, dtype=np.float64)  # (R, V) x - max in float64, as sampling.log_softmax
-        log_z = np.log(np.exp(e, out=e).sum(axis=1))  # (R,) the model's distribution, before min_new_tokens
-        if self.constraints.active:  # the model's token rules act on log-probabilities, as HF's processors on beams
-            raw, top, log_z = self._constrained(raw, top, log_z, length, slots.max_new[rows], slots.first[rows])
-        tops = {i: top_alternatives(_shifted(raw, top, i) - log_z[i], int(self._top_n[rows[i]]))
-                for i in np.flatnonzero(self._top_n[rows]).tolist()} if self._n_top else {}
-        no_eos = length < slots.min_new[rows]  # (R,) HF masks the end token after log_softmax
-        if no_eos.any():
-            raw[no_eos, eos] = -np.inf
-        idx = _top_tokens(raw, top, CANDIDATES_PER_BEAM * int(width.max()))  # (R, k) each beam's best, ascending
+        k = CANDIDATES_PER_BEAM * int(width.max())
+        if isinstance(logits, StepOutput):  # the graph's top-k (needs_logits() was False): no token rule applies
+            idx, lp, tops = _from_top(logits, rows, k)
+        else:
+            idx, lp, tops = self._from_logits(logits, rows, length, k)
         k = idx.shape[1]
-        lp = _shifted(raw, top, np.arange(rows.size)[:, None], idx) - log_z[:, None]  # (R, k)
         total = (self._cum[rows][:, None] + lp).ravel()  # (R k,) by request, then (rank, token): HF's tie order
         rep = np.repeat(group, k)  # (R k,)
         cand = np.lexsort((-total, rep))  # by request, then best first (stable: ties keep the lower (rank, token))
@@ -265,6 +286,14 @@ class Beams:
                                                                        ((),) * len(h.tokens))) if logprobs else ()
         return Sequence(ids, self.detokenize(ids), FinishReason.EOS if eos else FinishReason.LENGTH, h.cum, h.score,
                         track)
+
+
+def _from_top(out: StepOutput, rows: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, dict]:
+    """The graph's TOP_K best ids (best first, ties to the lower id) cut to k and put in ascending id order, as
+    _top_tokens gives them, with their log-probabilities in float64."""
+    idx, lp = out.top_ids[rows, :k], out.top_logprobs[rows, :k].astype(np.float64)  # (R, k)
+    order = np.argsort(idx, axis=1)
+    return np.take_along_axis(idx, order, 1), np.take_along_axis(lp, order, 1), {}
 
 
 def _top_tokens(raw: np.ndarray, top: np.ndarray, k: int) -> np.ndarray:

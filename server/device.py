@@ -31,6 +31,9 @@ class RuntimeConfig:
     # (verify's tolerance is 1e-4), so fp32 stays exact by default; the fp16 variant is the fast GPU path.
     cuda_tf32: bool = False
     optimization: str = "all"  # onnxruntime graph optimisation level: disable | basic | extended | all
+    # CUDA only: the decoder session captures one CUDA graph per batch bucket at warm-up and replays it (the device
+    # cache pads each step to its bucket); never taken on the CPU provider (docs/architecture.md, "The device path").
+    cuda_graphs: bool = False
 
     def __post_init__(self) -> None:
         if self.device not in DEVICES:
@@ -50,6 +53,7 @@ class Device:
         self.cfg = cfg
         self.provider = self._choose_provider()
         self.ort_device = "cuda" if self.provider == CUDA else "cpu"
+        self._run_options: dict[int, ort.RunOptions] = {}
         log.info("onnxruntime %s: %s execution provider %s", ort.__version__,
                  "trying" if self.provider == CUDA and cfg.device == "auto" else "using", self.provider)
 
@@ -65,7 +69,7 @@ class Device:
         _preload_cuda_libraries(quiet=self.cfg.device == "auto")
         return CUDA  # confirmed (or refused) when the first session is created
 
-    def session(self, path: Path) -> ort.InferenceSession:
+    def session(self, path: Path, graph_capture: bool = False) -> ort.InferenceSession:
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = self.cfg.intra_op_threads
         opts.inter_op_num_threads = self.cfg.inter_op_threads
@@ -73,6 +77,8 @@ class Device:
         opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if self.cfg.allow_spinning else "0")
         opts.log_severity_level = 3  # onnxruntime's own warnings about missing CUDA libraries are reported below
         cuda_options = {"use_tf32": "1" if self.cfg.cuda_tf32 else "0"}
+        if graph_capture:  # every input and output must then be bound at fixed device addresses (device_cache.py)
+            cuda_options["enable_cuda_graph"] = "1"
         providers = [(CUDA, cuda_options), CPU] if self.provider == CUDA else [CPU]
         session = ort.InferenceSession(str(path), sess_options=opts, providers=providers)
         actual = session.get_providers()[0]
@@ -84,6 +90,34 @@ class Device:
                      self.provider, actual)
             self.provider, self.ort_device = actual, "cpu"
         return session
+
+    @property
+    def cuda_graphs(self) -> bool:
+        """Whether decoder sessions capture CUDA graphs: asked for, and the provider really is CUDA."""
+        return self.cfg.cuda_graphs and self.provider == CUDA
+
+    def decoder_session(self, path: Path) -> ort.InferenceSession:
+        """The decoder's session: with CUDA graphs, captured per gpu_graph_id (run_options) on its first runs."""
+        return self.session(path, graph_capture=self.cuda_graphs)
+
+    def run_options(self, batch: int) -> ort.RunOptions | None:
+        """A decoder run's options: with CUDA graphs, the graph id of the batch bucket (one captured graph each)."""
+        if not self.cuda_graphs:
+            return None
+        if batch not in self._run_options:
+            options = ort.RunOptions()
+            options.add_run_config_entry("gpu_graph_id", str(batch))
+            self._run_options[batch] = options
+        return self._run_options[batch]
+
+    def session_from_bytes(self, model: bytes) -> ort.InferenceSession:
+        """A small graph built at run time (copy_graphs.py) on this device, without graph capture."""
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads, opts.inter_op_num_threads = 1, 1
+        opts.log_severity_level = 3
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        providers = [(CUDA, {"use_tf32": "0"}), CPU] if self.provider == CUDA else [CPU]
+        return ort.InferenceSession(model, sess_options=opts, providers=providers)
 
     def put(self, array: np.ndarray) -> ort.OrtValue:
         """Host array -> OrtValue on this device (on CPU it wraps the numpy memory without a copy)."""

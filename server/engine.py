@@ -24,6 +24,7 @@ from seqserve.server.runner import Runner
 from seqserve.server.running import Running, views
 from seqserve.server.sampling import choose, log_softmax, sample_row
 from seqserve.server.scheduler import Plan, Scheduler
+from seqserve.server.step_output import Need, StepOutput
 from seqserve.server.stepping import Stepping
 
 log = logging.getLogger(__name__)
@@ -67,9 +68,9 @@ class Engine(Stepping):
         self._ended = []
         self._prepare(plan)
         if self.runner.slots.n_live:
-            logits = self._run()
-            if logits is not None:
-                self._update(logits, time.monotonic())
+            out = self._run(self._need())
+            if out is not None:
+                self._update(out, time.monotonic())
         self._emit(plan)
 
     def _prepare(self, plan: Plan) -> None:
@@ -98,19 +99,39 @@ class Engine(Stepping):
             self._views = None
         self.beams.drop(r)
 
-    def _update(self, logits: np.ndarray, now: float) -> None:
+    def _need(self) -> Need:
+        """What this step's rows need from the decoder (step_output.py): ids when every row is greedy and no token
+        rule acts on the logits, the top-k when beam requests run without one, else the logits (the host path)."""
+        if not self.runner.token_choice:
+            return Need.LOGITS
+        if self._views is None:
+            self._views = views(self._running.values())
+        sampled, scored = self._views[:2]
+        slots, hi = self.runner.slots, self.runner.slots.hi
+        if sampled or scored or self.constraints.active or (slots.live[:hi] & (slots.length[:hi] < slots.min_new[:hi])
+                                                            & ~self.beams.owns()).any():
+            return Need.LOGITS
+        if not self.beams.owns().any():
+            return Need.IDS
+        return Need.LOGITS if self.beams.needs_logits() else Need.TOP
+
+    def _update(self, out: StepOutput, now: float) -> None:
         """Chooses every row's token, appends it, and ends the rows a finish rule says are done."""
         slots, hi = self.runner.slots, self.runner.slots.hi
         if self._views is None:
             self._views = views(self._running.values())
         sampled, scored, texted, tracked = self._views
+        logits = out.logits
         for rec in tracked:  # the records this step reads by row (plain greedy rows cost nothing here)
             rec.slot = slots.slot_of(rec.request)
         single = slots.live[:hi] & ~self.beams.owns()  # (hi,) rows whose token is chosen here (beams: below)
-        lps = {rec: log_softmax(logits[rec.slot]) for rec in scored}  # the model's, before anything masks them
-        if self.constraints.active:  # greedy and sampled rows: on the logits (beams: on their log-probabilities)
-            self.constraints.apply(logits[:hi], slots.length[:hi], slots.max_new[:hi], single, slots.first[:hi])
-        chosen = choose(logits, {}, self.eos_id, self.banned, single & (slots.length[:hi] < slots.min_new[:hi]))
+        if logits is None:  # _need saw no row whose choice reads the logits: the graph's argmax is the token
+            chosen = out.ids.copy()
+        else:
+            lps = {rec: log_softmax(logits[rec.slot]) for rec in scored}  # the model's, before anything masks them
+            if self.constraints.active:  # greedy and sampled rows: on the logits (beams: on their log-probabilities)
+                self.constraints.apply(logits[:hi], slots.length[:hi], slots.max_new[:hi], single, slots.first[:hi])
+            chosen = choose(logits, {}, self.eos_id, self.banned, single & (slots.length[:hi] < slots.min_new[:hi]))
         if sampled:  # (each phase is skipped outright when no row needs it: batch 1 pays per call)
             self._each(sampled, lambda rec: self._sample(rec, logits, chosen))
         codes = np.where(single, finish.after_token(chosen, slots.length[:hi], slots.max_new[:hi], self.eos_id), 0)
@@ -125,7 +146,7 @@ class Engine(Stepping):
                  if (rec := self._running.get(slots.requests[s])) is not None]
         if ended:
             self._each(ended, lambda rec: self._end(rec, finish.REASONS[int(codes[rec.slot])], now))
-        generated = int(appended.sum()) + self._advance_beams(logits, now)
+        generated = int(appended.sum()) + self._advance_beams(out, now)
         self.metrics.generated_tokens.inc(generated)  # EOS is not returned, so not counted: equals usage
         self._tick(now)
 
@@ -141,11 +162,11 @@ class Engine(Stepping):
                 codes[rec.slot] = finish.STOP
             self._stream(rec, (token,), piece)
 
-    def _advance_beams(self, logits: np.ndarray, now: float) -> int:
+    def _advance_beams(self, out: StepOutput, now: float) -> int:
         """Every beam request takes its step (server/beam.py: one vector step for them all, so a failure there is no
         one request's and ends them all); those that ended get their result. Returns their tokens (usage)."""
         try:
-            ended = self.beams.advance(logits, now)
+            ended = self.beams.advance(out.logits if out.logits is not None else out, now)
         except Exception:
             log.exception("beam step failed; ending the beam requests")
             self._fail(np.flatnonzero(self.beams.owns()).tolist())

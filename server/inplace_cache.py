@@ -17,6 +17,7 @@ import onnxruntime as ort
 from seqserve.contract import names
 from seqserve.server.device import Device
 from seqserve.server.slots import Slots
+from seqserve.server.step_output import FETCHES, Need, StepOutput
 
 
 class InPlaceCache:
@@ -34,8 +35,11 @@ class InPlaceCache:
         self._lens = np.zeros(capacity, np.int32)  # (C,)
         self._total = np.zeros((), np.int32)  # scalar: the longest row's length after this step
         self._logits = np.zeros((capacity, vocab), np.float32)  # (C, V) the step writes its output here
+        self._outputs = {names.LOGITS: self._logits, names.NEXT_TOKEN_IDS: np.zeros(capacity, np.int64),  # (C,)
+                         names.TOP_TOKEN_IDS: np.zeros((capacity, names.TOP_K), np.int64),  # (C, K)
+                         names.TOP_LOGPROBS: np.zeros((capacity, names.TOP_K), np.float32)}  # (C, K)
         self._rows = np.arange(capacity)
-        self._bindings: dict[tuple[int, int], object] = {}
+        self._bindings: dict[tuple[int, int, Need], object] = {}
         self._reset_cross(capacity, 0)
         self._past, self._present = names.past_inputs(n_layers), names.present_outputs(n_layers)
         self._cross_names = names.cross_inputs(n_layers)
@@ -91,22 +95,26 @@ class InPlaceCache:
         for buf in self.self_kv:
             buf[dst, :, :columns] = buf[src, :, :columns]
 
-    def run(self, decoder, slots: Slots, rows: np.ndarray | None = None) -> np.ndarray:
+    def run(self, decoder, slots: Slots, rows: np.ndarray | None = None, need: Need = Need.LOGITS) -> StepOutput:
         """One step for slots [0, hi) in place (rows=None), or for some rows alone on copies of their buffers (a probe,
-        which changes nothing). Returns logits (B, V) float32 (the real step's are valid until the next step)."""
+        which changes nothing). Returns what `need` asks for (step_output.py; the real step's arrays are valid until
+        the next step); a decoder without the token-choice outputs is only asked for LOGITS."""
         if rows is not None:
-            return self._probe(decoder, slots, rows)
+            return StepOutput(self._probe(decoder, slots, rows))
         n = slots.hi
         self._ids[:n, 0] = slots.ids[self._rows[:n], slots.length[:n]]  # (n, 1) each row's last token
         self._lens[:n] = slots.length[:n]  # (n,) each row's cached tokens = its position and the column written
         self._total[...] = self._lens[:n].max() + 1
-        binding = self._bindings.get((n, self.width)) or self._bind(decoder, n)
+        binding = self._bindings.get((n, self.width, need)) or self._bind(decoder, n, need)
         decoder.run_with_iobinding(binding)
-        return self._logits[:n]
+        fetched = {name: self._outputs[name][:n] for name in FETCHES[need]}
+        return StepOutput(fetched.get(names.LOGITS), fetched.get(names.NEXT_TOKEN_IDS),
+                          fetched.get(names.TOP_TOKEN_IDS), fetched.get(names.TOP_LOGPROBS))
 
-    def _bind(self, decoder, n: int):
+    def _bind(self, decoder, n: int, need: Need):
         """An IO binding of every input and output for a batch of n, by pointer into this cache's fixed arrays: a step
-        only refills the arrays, so it binds nothing (kept per (n, width); a wider source drops them all)."""
+        only refills the arrays, so it binds nothing (kept per (n, width, need); a wider source drops them all).
+        Only the outputs `need` reads are bound: the others stay in onnxruntime's own memory."""
         binding = decoder.io_binding()
         fixed = [(names.DECODER_INPUT_IDS, self._ids), (names.PAST_SEQ_LENS, self._lens),
                  (names.ENCODER_ATTENTION_MASK, self.src_mask), *zip(self._cross_names, self.cross)]
@@ -117,9 +125,10 @@ class InPlaceCache:
             shape = (n, *buf.shape[1:])  # the graph writes each row's new column into the buffer itself
             binding.bind_input(past, "cpu", 0, buf.dtype, shape, buf.ctypes.data)
             binding.bind_output(present, "cpu", 0, buf.dtype, shape, buf.ctypes.data)
-        binding.bind_output(names.LOGITS, "cpu", 0, self._logits.dtype, (n, self._logits.shape[1]),
-                            self._logits.ctypes.data)
-        self._bindings[(n, self.width)] = binding
+        for name in FETCHES[need]:
+            out = self._outputs[name]
+            binding.bind_output(name, "cpu", 0, out.dtype, (n, *out.shape[1:]), out.ctypes.data)
+        self._bindings[(n, self.width, need)] = binding
         return binding
 
     def _probe(self, decoder, slots: Slots, rows: np.ndarray) -> np.ndarray:

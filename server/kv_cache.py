@@ -19,6 +19,7 @@ import numpy as np
 from seqserve.contract import names
 from seqserve.server.device import Device
 from seqserve.server.slots import Slots
+from seqserve.server.step_output import Need, StepOutput
 
 MIN_TRIM = 8  # leading unused past columns worth a copy of the past (trimming is amortised: only when half is unused)
 
@@ -35,9 +36,10 @@ class ConcatCache:
         self._present_names = names.present_outputs(n_layers)
         self._reset()
 
-    def run(self, decoder, slots: Slots, rows: np.ndarray | None = None) -> np.ndarray:
+    def run(self, decoder, slots: Slots, rows: np.ndarray | None = None, need: Need = Need.LOGITS) -> StepOutput:
         """One step for every cache row (rows=None: the real step, which advances the cache) or for some rows
-        alone, on copies (a probe, which changes nothing). Returns logits (B, V) float32."""
+        alone, on copies (a probe, which changes nothing). Returns the logits (B, V) float32 whatever `need` says
+        (decoder.onnx has no token-choice outputs)."""
         whole = rows is None
         rows = np.arange(self.batch) if whole else rows
         last = slots.ids[rows, slots.length[rows]]  # (B,)
@@ -56,7 +58,7 @@ class ConcatCache:
         outputs = binding.get_outputs()
         if whole:
             self.advance(outputs[1:], step_mask)
-        return outputs[0].numpy()
+        return StepOutput(outputs[0].numpy())
 
     def after_leave(self, slots: Slots) -> None:
         """Compacts once more than a quarter of the cache rows are free (nobody came to take them); otherwise only

@@ -53,7 +53,7 @@ def load_model(s: Settings, metrics: Metrics, source: Source, threads: int, used
                          f"{s.memory_budget_bytes}")
     runtime = RuntimeConfig(device=s.device, intra_op_threads=threads,
                             inter_op_threads=s.inter_op_threads, allow_spinning=s.allow_spinning,
-                            cuda_tf32=s.cuda_tf32)
+                            cuda_tf32=s.cuda_tf32, cuda_graphs=s.cuda_graphs)
     runner = Runner(bundle, runtime, s.variant, capacity=s.max_batch_size, kv_cache=s.kv_cache)
     scheduler = Scheduler(SchedulerConfig.from_settings(s, runner.cross_bytes_per_token))
     engine = Engine(runner, tokenizer, scheduler, metrics.for_model(source.name),

@@ -14,27 +14,33 @@ import numpy as np
 from seqserve.contract import names
 from seqserve.contract.manifest import Manifest, check_session_io, load_error, load_manifest
 from seqserve.server.device import Device, RuntimeConfig
+from seqserve.server.device_cache import DeviceCross, DeviceInPlaceCache
 from seqserve.server.inplace_cache import InPlaceCache
 from seqserve.server.kv_cache import ConcatCache
 from seqserve.server.request import Request
 from seqserve.server.slots import Slots
+from seqserve.server.step_output import Need, StepOutput
 
 DEFAULT_CAPACITY = 256  # rows the slot map holds; the scheduler's max_batch_size must not exceed it
 
 
 def choose_cache(kind: str, variant_files: dict, provider_device: str) -> str:
-    """inplace (decoder_inplace.onnx, contrib ops, K/V written in place) or concat (plain decoder.onnx)."""
+    """inplace (decoder_inplace.onnx, contrib ops, K/V written in place) or concat (plain decoder.onnx). auto: inplace
+    on the CPU, and on CUDA for float16 buffers (CUDA's GroupQueryAttention takes only fp16/bf16)."""
     has = names.DECODER_INPLACE in variant_files
     if kind == "inplace" and not has:
         raise ValueError("--kv-cache inplace: this bundle variant has no decoder_inplace graph (re-export it)")
     if kind == "auto":
-        return "inplace" if has and provider_device == "cpu" else "concat"
+        half = has and variant_files[names.DECODER_INPLACE].get("kv_dtype") == "float16"
+        return "inplace" if has and (provider_device == "cpu" or half) else "concat"
     return kind
 
 
 class Runner:
     def __init__(self, bundle: str | Path, runtime: RuntimeConfig = RuntimeConfig(), variant: str = "fp32",
-                 capacity: int = DEFAULT_CAPACITY, kv_cache: str = "auto") -> None:
+                 capacity: int = DEFAULT_CAPACITY, kv_cache: str = "auto", device_cache: bool | None = None) -> None:
+        """device_cache: the in-place cache's buffers as device OrtValues (device_cache.py); None: on CUDA only (on
+        the CPU the numpy InPlaceCache measured faster, docs/architecture.md "The device path")."""
         self.bundle = Path(bundle)
         self.manifest: Manifest = load_manifest(self.bundle)
         if variant not in self.manifest.variants:
@@ -51,18 +57,26 @@ class Runner:
         self.kv_cache = choose_cache(kv_cache, files, self.device.ort_device)  # the encoder session settled the device
         if self.kv_cache == "inplace":
             kv_dtype = np.dtype(files[names.DECODER_INPLACE].get("kv_dtype", "float32"))  # fp16: float16 buffers
-            self.cache = InPlaceCache(self.device, self.n_layers, heads, head_dim, capacity, max_new, cfg["vocab_size"],
-                                      kv_dtype)
+            on_device = self.device.ort_device != "cpu" if device_cache is None else device_cache
+            width = cfg["max_positions"] if self.device.cuda_graphs else 0  # captured graphs need a fixed width
+            self.cache = DeviceInPlaceCache(self.device, self.n_layers, heads, head_dim, capacity, max_new,
+                                            cfg["vocab_size"], kv_dtype, width) if on_device else InPlaceCache(
+                self.device, self.n_layers, heads, head_dim, capacity, max_new, cfg["vocab_size"], kv_dtype)
         else:
             self.cache = ConcatCache(self.device, self.n_layers, heads, head_dim)
-        self.decoder = self._session(files[self.cache.graph]["file"], self.cache.graph)
+        self.decoder = self._session(files[self.cache.graph]["file"], self.cache.graph,
+                                     capture=getattr(self.cache, "device_resident", False))
+        outputs = {o.name for o in self.decoder.get_outputs()}
+        self.token_choice = set(names.TOKEN_CHOICE_OUTPUTS) <= outputs  # steps may fetch ids instead of logits
+        if getattr(self.cache, "captured", False):  # CUDA graphs: every bucket captured before the first request
+            self.cache.capture(self.decoder, self.slots)
         self.cross_bytes_per_token = 2 * self.n_layers * cfg["d_model"] * 4  # float32 K and V of one source token
         self._left = False  # a row left since the last step
 
-    def _session(self, file: str, graph: str):
+    def _session(self, file: str, graph: str, capture: bool = False):
         path = self.bundle / file
         try:
-            session = self.device.session(path)
+            session = self.device.decoder_session(path) if capture else self.device.session(path)
         except Exception as exc:  # a corrupted graph: onnxruntime's error types, or a UnicodeDecodeError
             if isinstance(exc, RuntimeError) and str(exc).startswith("--device"):  # our own, already clear
                 raise
@@ -82,6 +96,12 @@ class Runner:
         """One encoder call for these sources: each request keeps its own cross K/V [(H, S, Dh) per layer and kind]
         until it joins (encode-ahead). Returns the seconds spent."""
         start = time.perf_counter()
+        if getattr(self.cache, "device_resident", False):  # the outputs stay on the device until their rows join
+            values, mask = run_encoder(self.encoder, self.device, self.pad_id, self.n_layers,
+                                       [r.input_ids for r in requests])
+            for i, request in enumerate(requests):
+                request.cross = DeviceCross(values, i, int(mask[i].sum()))
+            return time.perf_counter() - start
         cross, mask = self.run_encoder([r.input_ids for r in requests])
         for i, request in enumerate(requests):
             n = int(mask[i].sum())
@@ -120,10 +140,16 @@ class Runner:
 
     def step(self) -> np.ndarray:
         """One decoder step for every stepped row: logits (hi, V) float32 for slots [0, hi); a free slot's are noise."""
+        return self.run_step(Need.LOGITS).logits
+
+    def run_step(self, need: Need) -> StepOutput:
+        """One decoder step for every stepped row: what `need` asks for (step_output.py) of slots [0, hi), the logits
+        when the decoder has no token-choice outputs; a free slot's rows are noise."""
         if self._left:  # only a leaving row can leave slots free or past columns unused
             self.cache.after_leave(self.slots)
             self._left = False
-        return self.cache.run(self.decoder, self.slots)[: self.slots.hi]
+        need = need if self.token_choice else Need.LOGITS
+        return self.cache.run(self.decoder, self.slots, need=need).head(self.slots.hi)
 
     def probe(self, rows: list[int]) -> None:
         """Runs the step for these slots alone, changing nothing: raises if one of them makes the graph fail."""

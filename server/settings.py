@@ -74,7 +74,8 @@ class Settings:
                             type=bool)
     variant: str = _opt("fp32", "precision variant of the bundle to serve", choices=VARIANTS)
     kv_cache: str = _opt("auto", "decoder graph and KV cache: inplace (decoder_inplace.onnx, K/V written in place), "
-                                 "concat (plain decoder.onnx), auto = inplace when the bundle has it on the CPU",
+                                 "concat (plain decoder.onnx), auto = inplace when the bundle has it on the CPU, "
+                                 "or on CUDA with float16 buffers (the fp16 variant)",
                          choices=KV_CACHES)
     device: str = _opt("auto", "onnxruntime execution provider: auto = CUDA when it works, else CPU",
                        choices=DEVICES)
@@ -82,6 +83,8 @@ class Settings:
     inter_op_threads: int = _opt(1, "onnxruntime inter-op threads", type=int)
     allow_spinning: bool = _opt(True, "let idle onnxruntime threads spin (off helps on shared cores)", type=bool)
     cuda_tf32: bool = _opt(False, "CUDA: TF32 tensor-core matmuls for fp32 (faster, ~1e-2 logit error)", type=bool)
+    cuda_graphs: bool = _opt(False, "CUDA with the in-place cache: capture the decoder step as one CUDA graph per "
+                                    "batch bucket at warm-up and replay it (ignored on the CPU)", type=bool)
     max_batch_size: int = _opt(32, "rows in one decoder step", type=int)
     max_waiting: int = _opt(256, "queued requests beyond which calls get RESOURCE_EXHAUSTED", type=int)
     max_kv_tokens: int = _opt(65_536, "KV-cache budget in token slots: rows x (longest source + largest "

@@ -23,6 +23,7 @@ from seqserve.server.metrics import Metrics, ModelMetrics
 from seqserve.server.request import FinishReason, Request, RequestStatus
 from seqserve.server.runner import Runner
 from seqserve.server.scheduler import Plan, Scheduler
+from seqserve.server.step_output import Need, StepOutput
 
 log = logging.getLogger("seqserve.server.engine")
 
@@ -139,17 +140,17 @@ class Stepping(abc.ABC):
                         (self._ended if running else self._ended_waiting).append(r)
                         self._sinks.add(r.sink)
 
-    def _run(self) -> np.ndarray | None:
+    def _run(self, need: Need = Need.LOGITS) -> StepOutput | None:
         start = time.perf_counter()
         try:
-            logits = self.runner.step()
+            logits = self.runner.run_step(need)
         except Exception:
             log.exception("decoder step failed for %d rows; isolating the cause", self.runner.slots.n_live)
             self._fail(self._culprits(self._live()))
             if not self.runner.slots.n_live:
                 return None
             try:
-                logits = self.runner.step()
+                logits = self.runner.run_step(need)
             except Exception:  # not caused by any one row (out of memory, a broken session): fail everyone
                 log.exception("decoder step failed again without the failing rows")
                 self._fail(self._live())

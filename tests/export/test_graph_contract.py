@@ -38,19 +38,20 @@ def graphs(request, tmp_path_factory) -> tuple[dict, dict, str]:
 
 def _resolve(dims: list, cfg: dict) -> list:
     static = {names.HEADS: cfg["n_heads"], names.HEAD_DIM: cfg["d_model"] // cfg["n_heads"],
-              names.VOCAB: cfg["vocab_size"]}
+              names.VOCAB: cfg["vocab_size"], names.TOP: names.TOP_K}
     return [static.get(d, d) for d in dims]
 
 
 def _declared(cfg: dict, variant: str) -> dict:
     """names.signature, with decoder_inplace's K/V buffers in float16 in the fp16 variant (past and present are one
-    tensor, so no Cast may sit between them)."""
+    tensor, so no Cast may sit between them), which ends with the token-choice outputs (it is the CUDA graph)."""
     n = cfg["n_decoder_layers"]
     declared = names.signature(n)
     if variant == "fp16":
         kv = set(names.past_inputs(n) + names.cross_inputs(n) + names.present_outputs(n))
         inplace = declared[names.DECODER_INPLACE]
         declared[names.DECODER_INPLACE] = {k: (FLOAT16 if k in kv else t, d) for k, (t, d) in inplace.items()}
+        declared[names.DECODER_INPLACE].update(names.token_choice_signature())
     return declared
 
 

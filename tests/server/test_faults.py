@@ -27,11 +27,11 @@ def poison_decoder(runner: Runner, poison: list[int], when=lambda: True) -> None
     source takes part, as onnxruntime raised for one over-long row."""
     run = runner.cache.run
 
-    def failing(decoder, slots, rows=None):
+    def failing(decoder, slots, rows=None, **options):  # options: what the step fetches (need)
         picked = range(slots.hi) if rows is None else rows
         if when() and any(slots.requests[i] is not None and slots.requests[i].input_ids == poison for i in picked):
             raise RuntimeError("[ONNXRuntimeError] : 1 : FAIL : Non-zero status code returned while running GatherND")
-        return run(decoder, slots, rows)
+        return run(decoder, slots, rows, **options)
 
     runner.cache.run = failing
 

@@ -139,7 +139,7 @@ def test_rows_of_different_languages_share_a_batch_and_equal_each_alone(family, 
 
     alone = [server.stub.Generate(req(*c), timeout=60) for c in calls]
     runner, scheduler = server.app.runner, server.app.engine.scheduler
-    gate, batches, step = threading.Event(), [], runner.step
+    gate, batches, step = threading.Event(), [], runner.run_step
 
     def held_step(*args):
         gate.wait(120)
@@ -147,14 +147,14 @@ def test_rows_of_different_languages_share_a_batch_and_equal_each_alone(family, 
         batches.append({int(slots.first[s]) for s in range(slots.hi) if slots.live[s]})
         return step(*args)
 
-    runner.step = held_step
+    runner.run_step = held_step  # the engine's one call per decoder step
     try:
         futures = [server.stub.Generate.future(req(*c), timeout=300) for c in calls]
         wait_for(lambda: scheduler.n_waiting + len(runner.slots.index) == len(calls), what="every request queued")
         gate.set()
         together = [f.result() for f in futures]
     finally:
-        del runner.step
+        del runner.run_step
     assert [list(r.token_ids) for r in together] == [list(r.token_ids) for r in alone]
     assert [r.text for r in together] == [r.text for r in alone]
     assert max(len(b) for b in batches) == len(targets)  # one step ran rows of every target language

@@ -1,0 +1,47 @@
+"""What one decoder step hands back to the host, and what a step asks for (the fewer bytes, the less a GPU waits).
+
+A decoder graph with the token-choice outputs (contract/names.py) lets a step copy only what its rows need:
+    IDS     every row greedy, no token rule acting on the logits: each row's argmax id (batch,) int64
+    TOP     beams without token rules: the ids above plus each row's TOP_K best ids and their log-probabilities
+    LOGITS  anything else (sampling, token rules, min_new_tokens, log-probabilities): the logits (batch, vocab)
+A graph without them (a bundle exported before them, or a CPU graph) always gives LOGITS.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+import numpy as np
+
+from seqserve.contract import names
+
+
+class Need(enum.IntEnum):
+    IDS = 0
+    TOP = 1
+    LOGITS = 2
+
+
+FETCHES = {Need.IDS: (names.NEXT_TOKEN_IDS,), Need.TOP: (names.NEXT_TOKEN_IDS, names.TOP_TOKEN_IDS, names.TOP_LOGPROBS),
+           Need.LOGITS: (names.LOGITS,)}  # the outputs each need copies to the host
+
+
+@dataclass
+class StepOutput:
+    """Rows [0, hi) of the step's host outputs; what was not fetched is None (a free slot's rows are noise)."""
+
+    logits: np.ndarray | None = None  # (hi, V) float32
+    ids: np.ndarray | None = None  # (hi,) int64: each row's argmax
+    top_ids: np.ndarray | None = None  # (hi, TOP_K) int64, best first
+    top_logprobs: np.ndarray | None = None  # (hi, TOP_K) float32
+
+    @property
+    def fetched(self) -> tuple[str, ...]:
+        """The graph outputs this step copied to the host, by name."""
+        pairs = ((names.LOGITS, self.logits), (names.NEXT_TOKEN_IDS, self.ids), (names.TOP_TOKEN_IDS, self.top_ids),
+                 (names.TOP_LOGPROBS, self.top_logprobs))
+        return tuple(name for name, value in pairs if value is not None)
+
+    def head(self, hi: int) -> StepOutput:
+        return StepOutput(*(None if v is None else v[:hi] for v in (self.logits, self.ids, self.top_ids,
+                                                                    self.top_logprobs)))

@@ -1,0 +1,23 @@
+"""A copy of a bundle whose fp32 decoder_inplace ends with the token-choice outputs (export/token_choice.py), its
+manifest entry rewritten: the CPU provider then runs the very graph shape the CUDA variant has."""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import onnx
+
+from seqserve.contract import manifest as mf
+from seqserve.contract import names
+from seqserve.export.token_choice import add_token_choice
+
+
+def with_token_choice(bundle: Path, out: Path) -> Path:
+    shutil.copytree(bundle, out)
+    path = out / names.DECODER_INPLACE_FILE
+    onnx.save(add_token_choice(onnx.load(str(path))), str(path))
+    manifest = mf.load_manifest(out, check_files=False)
+    entry = manifest.variants["fp32"][names.DECODER_INPLACE]
+    entry.update(mf.file_entry(out, names.DECODER_INPLACE_FILE), token_choice=list(names.TOKEN_CHOICE_OUTPUTS))
+    manifest.save(out)
+    return out
