@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import gc
 import json
+import mmap
 import os
 import resource
 import subprocess
@@ -28,6 +29,9 @@ RSS_MARGIN = 300 << 20  # a refusal may use at most this much more memory than t
 ADDRESS_SPACE = 4 << 30  # a regression fails in the child (MemoryError) instead of paging out the shared machine
 GUARD_S = 240  # a batch that hangs is killed (and its unfinished cases fail) before pytest's 300 s timeout
 STARTED = "started"
+# Address space held back while a case runs, released first when it fails: a case that used up the rest (a model of
+# 200,000 layers) leaves room to free its memory and report. An anonymous mapping never written: never resident.
+RESERVE = 64 << 20
 
 
 def import_argv(hf: Path, out: Path) -> list[str]:
@@ -111,6 +115,21 @@ def _exit_status(exc: SystemExit) -> int:
     return 1
 
 
+def _trace(exc: BaseException) -> str:
+    """exc's traceback text, once the failed call's locals are freed: a case that filled the address space must not
+    leave the next case without memory."""
+    seen, chained = set(), exc
+    while chained is not None and id(chained) not in seen:
+        seen.add(id(chained))
+        traceback.clear_frames(chained.__traceback__)  # the frames' locals; the running ones are skipped
+        chained = chained.__context__
+    gc.collect()
+    try:
+        return "".join(traceback.format_exception(exc))
+    except MemoryError:
+        return f"{type(exc).__name__}: {exc!s:.1000} (the rest of its traceback did not fit in memory)"
+
+
 def _run_case(argv: list[str]) -> dict:
     from seqserve.cli.main import main
 
@@ -125,12 +144,14 @@ def _run_case(argv: list[str]) -> dict:
             # a fresh "shown once" registry per case: each case sees the warnings a new process would
             with warnings.catch_warnings():
                 warnings.onceregistry.clear()
+                reserve = mmap.mmap(-1, RESERVE)
                 try:
                     code = main(argv)
                 except SystemExit as exc:
                     code = _exit_status(exc)
-                except Exception:  # noqa: BLE001 (a crash is this case's result: its test fails on it)
-                    trace = traceback.format_exc()
+                except Exception as exc:  # noqa: BLE001 (a crash is this case's result: its test fails on it)
+                    del reserve  # first, before anything that allocates
+                    trace = _trace(exc)
         finally:
             sys.stdout.flush()
             sys.stderr.flush()
