@@ -1,63 +1,29 @@
 """`seqserve import` on hostile model directories: each case edits a copy of one tiny random-weight Marian directory
-(tests/hf_fixtures.py) and runs the real CLI in a child process, which must exit 2 with a message naming the file and
-the field, print no traceback, leave the source directory as it was, and stay within a bounded peak RSS of a healthy
-import's (os.wait4's ru_maxrss of the child)."""
+(tests/hf_fixtures.py); the real CLI must exit 2 with a message naming the file and the field, print no traceback,
+leave the source directory as it was, and stay within a bounded peak RSS of a healthy import's.
+
+Every import of this file runs in one child process (tests/import_runner.py): the healthy directory first, whose peak
+RSS is the baseline, then each hostile case in order (the peak after each must stay within the baseline plus
+RSS_MARGIN), then the directories that must import."""
 from __future__ import annotations
 
 import hashlib
 import json
 import os
 import random
-import resource
 import shutil
 import struct
-import subprocess
-import sys
-import tempfile
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 
 import hf_fixtures
 import pytest
+from import_runner import RSS_MARGIN, Batch, import_argv, run_batch
 
 pytest.importorskip("transformers")
 
-SEQSERVE = str(Path(sys.executable).parent / "seqserve")
-RSS_MARGIN = 300 << 20  # a refusal may use at most this much more memory than the healthy import
-ADDRESS_SPACE = 4 << 30  # a regression fails in the child (MemoryError) instead of paging out the shared machine
-GUARD_S = 300  # a regression that hangs is killed (and fails): not a timing assertion
 FC1 = "model.encoder.layers.0.fc1.weight"  # a (64, 32) weight of the tiny Marian
-
-
-@dataclass(frozen=True)
-class Run:
-    code: int
-    stdout: str
-    stderr: str
-    peak_rss: int  # bytes
-
-
-def _limit() -> None:
-    resource.setrlimit(resource.RLIMIT_AS, (ADDRESS_SPACE, ADDRESS_SPACE))
-
-
-def run_import(hf: Path, out: Path) -> Run:
-    """`seqserve import HF --out OUT --quiet --no-verify` in a child process, and the child's peak RSS."""
-    with tempfile.TemporaryFile() as stdout, tempfile.TemporaryFile() as stderr:
-        proc = subprocess.Popen([SEQSERVE, "import", str(hf), "--out", str(out), "--quiet", "--no-verify"],
-                                stdout=stdout, stderr=stderr, preexec_fn=_limit)
-        guard = threading.Timer(GUARD_S, proc.kill)
-        guard.start()
-        try:
-            _, status, usage = os.wait4(proc.pid, 0)
-        finally:
-            guard.cancel()
-        proc.returncode = os.waitstatus_to_exitcode(status)
-        stdout.seek(0)
-        stderr.seek(0)
-        return Run(proc.returncode, stdout.read().decode(errors="replace"), stderr.read().decode(errors="replace"),
-                   usage.ru_maxrss * 1024)  # Linux reports kilobytes
+HEALTHY = "healthy"  # the pristine directory's import: the baseline peak RSS, and the checkpoint to compare with
 
 
 def snapshot(directory: Path) -> dict[str, str]:
@@ -79,21 +45,11 @@ def marian_dir(tmp_path_factory) -> Path:
     return hf_fixtures.build_marian(tmp_path_factory.mktemp("marian") / "hf")
 
 
-@pytest.fixture(scope="module")
-def healthy(marian_dir, tmp_path_factory) -> Run:
-    """The pristine directory's import: the baseline peak RSS."""
-    out = tmp_path_factory.mktemp("healthy") / "ck"
-    run = run_import(marian_dir, out)
-    assert run.code == 0, run.stderr
-    return run
-
-
-@pytest.fixture
-def hf(marian_dir, tmp_path) -> Path:
-    copy = tmp_path / "hf"
-    shutil.copytree(marian_dir, copy)
-    (tmp_path / "outside").mkdir()
-    return copy
+def copy_of(marian_dir: Path, root: Path) -> Path:
+    """root/hf, a copy of the tiny Marian, beside an empty root/outside for the edits that move files out."""
+    shutil.copytree(marian_dir, root / "hf")
+    (root / "outside").mkdir()
+    return root / "hf"
 
 
 # -- edits: each takes the copy, may return the --out directory to use ---------------------------------------------
@@ -262,84 +218,160 @@ CASES = {
 }
 
 
+
+
+# -- directories that must import (or be refused) as prepared: each takes an empty root, returns (source, --out) ----
+
+def float64_weights(marian_dir: Path, root: Path) -> tuple[Path, Path]:
+    hf = copy_of(marian_dir, root)
+    tensors(lambda data: data.update({k: v.double() for k, v in data.items()}))(hf)
+    return hf, root / "ck"
+
+
+def out_a_file(marian_dir: Path, root: Path) -> tuple[Path, Path]:
+    hf = copy_of(marian_dir, root)
+    (root / "a-file").write_text("not a directory\n")
+    return hf, root / "a-file" / "ck"
+
+
+SPLIT = 40  # the first shard's tensor count
+
+
+def shards_and_links(marian_dir: Path, root: Path) -> tuple[Path, Path]:
+    """Two shards named by the index, one of them through a symbolic link to a file inside the directory."""
+    from safetensors.torch import load_file, save_file
+
+    hf = copy_of(marian_dir, root)
+    data = load_file(hf / "model.safetensors")
+    names = sorted(data)
+    halves = {"model-00001-of-00002.safetensors": names[:SPLIT], "blobs/second": names[SPLIT:]}
+    (hf / "blobs").mkdir()
+    for file, keys in halves.items():
+        save_file({k: data[k] for k in keys}, hf / file, metadata={"format": "pt"})
+    (hf / "model-00002-of-00002.safetensors").symlink_to(hf / "blobs" / "second")
+    shard = {"model-00001-of-00002.safetensors": names[:SPLIT], "model-00002-of-00002.safetensors": names[SPLIT:]}
+    (hf / "model.safetensors.index.json").write_text(json.dumps(
+        {"weight_map": {k: file for file, keys in shard.items() for k in keys}}))
+    (hf / "model.safetensors").unlink()
+    return hf, root / "ck"
+
+
+def cache_snapshot(marian_dir: Path, root: Path) -> tuple[Path, Path]:
+    """The Hugging Face cache's layout: models--ORG--NAME/snapshots/REV/FILE -> ../../blobs/SHA."""
+    repo = root / "hub" / "models--org--tiny"
+    snap, blobs = repo / "snapshots" / "0123abc", repo / "blobs"
+    snap.mkdir(parents=True)
+    blobs.mkdir()
+    for i, file in enumerate(sorted(p for p in marian_dir.iterdir() if p.is_file())):
+        shutil.copyfile(file, blobs / f"blob{i}")
+        (snap / file.name).symlink_to(Path("..") / ".." / "blobs" / f"blob{i}")
+    return snap, root / "ck"
+
+
+def cache_link_out(marian_dir: Path, root: Path) -> tuple[Path, Path]:
+    """The cache snapshot with config.json linked to a file out of the model's blobs."""
+    snap, out = cache_snapshot(marian_dir, root)
+    (root / "elsewhere.json").write_text((marian_dir / "config.json").read_text())
+    (snap / "config.json").unlink()
+    (snap / "config.json").symlink_to(root / "elsewhere.json")
+    return snap, out
+
+
+PREPARED = {"float64": float64_weights, "out-a-file": out_a_file, "shards-and-links": shards_and_links,
+            "cache-snapshot": cache_snapshot, "cache-link-out": cache_link_out}
+
+
+@dataclass(frozen=True)
+class Case:
+    hf: Path
+    out: Path
+    before: dict[str, str]  # snapshot(hf) before the import
+
+
+@dataclass(frozen=True)
+class Imports:
+    cases: dict[str, Case]
+    runs: Batch
+
+
+def hostile(edit):
+    def prepare(marian_dir: Path, root: Path) -> tuple[Path, Path]:
+        hf = copy_of(marian_dir, root)
+        return hf, edit(hf) or root / "ck"
+    return prepare
+
+
+@pytest.fixture(scope="module")
+def imports(marian_dir, tmp_path_factory) -> Imports:
+    """Every directory of this file prepared, then imported in one child: healthy, the hostile cases, PREPARED."""
+    cases = {HEALTHY: Case(marian_dir, tmp_path_factory.mktemp(HEALTHY) / "ck", {})}
+    for name, prepare in {**{case: hostile(edit) for case, (edit, _) in CASES.items()}, **PREPARED}.items():
+        hf, out = prepare(marian_dir, tmp_path_factory.mktemp(name))
+        cases[name] = Case(hf, out, snapshot(hf))
+    runs = run_batch({name: import_argv(case.hf, case.out) for name, case in cases.items()},
+                     tmp_path_factory.mktemp("batch"))
+    healthy = runs[HEALTHY]
+    assert healthy.code == 0 and healthy.traceback is None, (healthy.traceback, healthy.stderr)
+    return Imports(cases, runs)
+
+
 @pytest.mark.parametrize("case", CASES)
-def test_a_hostile_directory_is_refused_naming_the_file_and_field(case, hf, healthy):
-    edit, message = CASES[case]
-    out = edit(hf) or hf.parent / "ck"
-    before = snapshot(hf)
-    run = run_import(hf, out)
+def test_a_hostile_directory_is_refused_naming_the_file_and_field(case, imports):
+    message = CASES[case][1]
+    hf, out, before = imports.cases[case].hf, imports.cases[case].out, imports.cases[case].before
+    run = imports.runs[case]
+    assert run.traceback is None, run.traceback
     assert run.code == 2, f"exit {run.code}\n{run.stderr[-2000:]}"
     last = run.stderr.splitlines()[-1] if run.stderr.strip() else ""
     assert last.startswith("seqserve import: error: ") and "Traceback" not in run.stderr, run.stderr[-2000:]
     assert message in run.stderr and str(hf) in run.stderr, run.stderr
     assert snapshot(hf) == before  # nothing written into (or removed from) the source
     assert not (out / "metrics.json").exists() and not (hf.parent / "ck").exists()
-    assert run.peak_rss <= healthy.peak_rss + RSS_MARGIN, (run.peak_rss, healthy.peak_rss)
+    limit = imports.runs[HEALTHY].peak_rss + RSS_MARGIN
+    assert run.peak_rss <= limit, (f"peak RSS {run.peak_rss >> 20} MiB > the healthy import's + {RSS_MARGIN >> 20} "
+                                   f"MiB ({limit >> 20} MiB), first exceeded by {imports.runs.first_over(limit)}")
 
 
-def test_float64_weights_import_as_float32_with_a_warning(hf, marian_dir, healthy, tmp_path):
+def test_float64_weights_import_as_float32_with_a_warning(imports, marian_dir):
     """F64 tensors are converted (docs/import.md): the checkpoint equals the float32 original's, and stderr says so."""
     from safetensors.torch import load_file
 
-    tensors(lambda data: data.update({k: v.double() for k, v in data.items()}))(hf)
-    run = run_import(hf, tmp_path / "ck")
-    assert run.code == 0, run.stderr
+    case, run, original = imports.cases["float64"], imports.runs["float64"], imports.runs[HEALTHY]
+    assert run.code == 0 and run.traceback is None, (run.traceback, run.stderr)
     count = len(load_file(marian_dir / "model.safetensors"))
-    assert f"{hf / 'model.safetensors'}: {count} tensor(s) stored as F64" in run.stderr
+    assert f"{case.hf / 'model.safetensors'}: {count} tensor(s) stored as F64" in run.stderr
     assert "converted to float32" in run.stderr
-    original = run_import(marian_dir, tmp_path / "ck32")
-    assert original.code == 0 and "F64" not in original.stderr
-    ours, theirs = load_file(tmp_path / "ck" / "model.safetensors"), load_file(tmp_path / "ck32" / "model.safetensors")
+    assert "F64" not in original.stderr
+    ours = load_file(case.out / "model.safetensors")
+    theirs = load_file(imports.cases[HEALTHY].out / "model.safetensors")
     assert ours.keys() == theirs.keys()
     assert all(ours[k].dtype == theirs[k].dtype and ours[k].equal(theirs[k]) for k in ours)
 
 
-def test_an_out_that_cannot_be_written_exits_2_naming_it(hf, healthy):
-    (hf.parent / "a-file").write_text("not a directory\n")
-    before = snapshot(hf)
-    run = run_import(hf, hf.parent / "a-file" / "ck")
+def test_an_out_that_cannot_be_written_exits_2_naming_it(imports):
+    case, run = imports.cases["out-a-file"], imports.runs["out-a-file"]
+    assert run.traceback is None, run.traceback
     assert run.code == 2 and "Traceback" not in run.stderr, run.stderr[-2000:]
-    assert run.stderr.strip() == f"seqserve import: error: {hf.parent / 'a-file' / 'ck'}: Not a directory"
-    assert snapshot(hf) == before
+    assert run.stderr.strip() == f"seqserve import: error: {case.out}: Not a directory"
+    assert snapshot(case.hf) == case.before
 
 
-def test_shards_and_links_inside_the_directory_still_import(hf, marian_dir, healthy, tmp_path):
+def test_shards_and_links_inside_the_directory_still_import(imports):
     """Confinement refuses only what leaves the directory: two shards named by the index, one of them through a
     symbolic link to a file inside the directory, import to the same weights as the single file."""
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import load_file
 
-    data = load_file(hf / "model.safetensors")
-    names = sorted(data)
-    halves = {"model-00001-of-00002.safetensors": names[:40], "blobs/second": names[40:]}
-    (hf / "blobs").mkdir()
-    for file, keys in halves.items():
-        save_file({k: data[k] for k in keys}, hf / file, metadata={"format": "pt"})
-    (hf / "model-00002-of-00002.safetensors").symlink_to(hf / "blobs" / "second")
-    shard = {"model-00001-of-00002.safetensors": names[:40], "model-00002-of-00002.safetensors": names[40:]}
-    (hf / "model.safetensors.index.json").write_text(json.dumps(
-        {"weight_map": {k: file for file, keys in shard.items() for k in keys}}))
-    (hf / "model.safetensors").unlink()
-    run = run_import(hf, tmp_path / "ck")
-    assert run.code == 0, run.stderr
-    assert run_import(marian_dir, tmp_path / "single").code == 0
-    ours, theirs = (load_file(tmp_path / name / "model.safetensors") for name in ("ck", "single"))
+    run = imports.runs["shards-and-links"]
+    assert run.code == 0 and run.traceback is None, (run.traceback, run.stderr)
+    ours, theirs = (load_file(imports.cases[name].out / "model.safetensors") for name in ("shards-and-links", HEALTHY))
     assert ours.keys() == theirs.keys() and all(ours[k].equal(theirs[k]) for k in ours)
 
 
-def test_a_hugging_face_cache_snapshot_imports_and_a_link_out_of_its_blobs_is_refused(marian_dir, tmp_path):
+def test_a_hugging_face_cache_snapshot_imports_and_a_link_out_of_its_blobs_is_refused(imports):
     """The cache's layout (models--ORG--NAME/snapshots/REV/FILE -> ../../blobs/SHA) is what a downloaded model looks
     like: its links may lead into that model's blobs, and nowhere else."""
-    repo = tmp_path / "hub" / "models--org--tiny"
-    snapshot, blobs = repo / "snapshots" / "0123abc", repo / "blobs"
-    snapshot.mkdir(parents=True)
-    blobs.mkdir()
-    for i, file in enumerate(sorted(p for p in marian_dir.iterdir() if p.is_file())):
-        shutil.copyfile(file, blobs / f"blob{i}")
-        (snapshot / file.name).symlink_to(Path("..") / ".." / "blobs" / f"blob{i}")
-    run = run_import(snapshot, tmp_path / "ck")
-    assert run.code == 0, run.stderr
-    (tmp_path / "elsewhere.json").write_text((marian_dir / "config.json").read_text())
-    (snapshot / "config.json").unlink()
-    (snapshot / "config.json").symlink_to(tmp_path / "elsewhere.json")  # out of the model's blobs
-    refused = run_import(snapshot, tmp_path / "ck2")
+    run = imports.runs["cache-snapshot"]
+    assert run.code == 0 and run.traceback is None, (run.traceback, run.stderr)
+    refused = imports.runs["cache-link-out"]
+    assert refused.traceback is None, refused.traceback
     assert refused.code == 2 and "config.json: resolves outside" in refused.stderr, refused.stderr

@@ -1,27 +1,26 @@
 """`seqserve import` of a directory whose tokenizer files are hostile or broken: exit 2 with a message naming the
 file and the field, no traceback, and a bounded peak memory (model/hf_tokenizer_files.py).
 
-Each case copies one tiny random-weight fixture (tests/hf_fixtures.py), breaks one tokenizer file, and runs the real
-CLI in a subprocess whose peak RSS os.wait4 reports.
+Each case copies one tiny random-weight fixture (tests/hf_fixtures.py) and breaks one tokenizer file; every case runs
+the real CLI in one child process (tests/import_runner.py), after the untouched Marian fixture's import, whose peak
+RSS is the baseline.
 """
 from __future__ import annotations
 
 import json
-import os
 import random
 import shutil
-import subprocess
-import sys
 
 import hf_fixtures
 import pytest
+from import_runner import RSS_MARGIN, Batch, import_argv, run_batch
 
 from seqserve.cli.main import main
 
 pytest.importorskip("transformers")
 pytest.importorskip("sentencepiece")
 
-RSS_MARGIN_MIB = 300  # a refusal may cost at most this much more peak memory than a healthy tiny import
+HEALTHY = "healthy"  # the untouched Marian fixture's import: the baseline peak RSS
 MAX_DEPTH = 32  # contract/jsonfile.py's bound, stated here so a change to it shows up in this test
 
 
@@ -35,25 +34,6 @@ def built(tmp_path_factory):
             cache[family] = hf_fixtures.build(family, tmp_path_factory.mktemp(family) / "hf")
         return cache[family]
     return get
-
-
-def _import(hf, out) -> tuple[int, str, int]:
-    """(exit status, stderr, peak RSS in KiB) of `seqserve import hf --out out --no-verify` in its own process."""
-    err_path = out.parent / (out.name + ".stderr")
-    with open(err_path, "wb") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "seqserve.cli", "import", str(hf), "--out", str(out),
-                                 "--quiet", "--no-verify"], stdout=subprocess.DEVNULL, stderr=err)
-        _, status, usage = os.wait4(proc.pid, 0)
-        proc.returncode = os.waitstatus_to_exitcode(status)
-    return proc.returncode, err_path.read_text(), usage.ru_maxrss
-
-
-@pytest.fixture(scope="module")
-def healthy_rss(built, tmp_path_factory) -> int:
-    """Peak RSS (KiB) of importing the untouched tiny Marian fixture (exit 0)."""
-    rc, err, rss = _import(built(hf_fixtures.MARIAN), tmp_path_factory.mktemp("healthy") / "out")
-    assert rc == 0, err
-    return rss
 
 
 def _edit(path, change):
@@ -151,18 +131,35 @@ CASES = {
 }
 
 
+@pytest.fixture(scope="module")
+def imports(built, tmp_path_factory) -> tuple[dict, Batch]:
+    """Each case's copy, edited, then every import in one child: the healthy Marian first, then the cases in order."""
+    dirs = {HEALTHY: built(hf_fixtures.MARIAN)}
+    for case, (family, edit, _, _) in CASES.items():
+        hf = tmp_path_factory.mktemp(case) / "hf"
+        shutil.copytree(built(family), hf, symlinks=True)
+        edit(hf)
+        dirs[case] = hf
+    runs = run_batch({case: import_argv(hf, hf.parent / "out") for case, hf in dirs.items()},
+                     tmp_path_factory.mktemp("batch"))
+    healthy = runs[HEALTHY]
+    assert healthy.code == 0 and healthy.traceback is None, (healthy.traceback, healthy.stderr)
+    return dirs, runs
+
+
 @pytest.mark.parametrize("case", list(CASES))
-def test_a_hostile_tokenizer_file_is_refused_naming_it(case, built, healthy_rss, tmp_path):
-    family, edit, name, field = CASES[case]
-    hf = tmp_path / "hf"
-    shutil.copytree(built(family), hf, symlinks=True)
-    edit(hf)
-    rc, err, rss = _import(hf, tmp_path / "out")
-    assert rc == 2, err
-    assert "Traceback" not in err, err
-    assert f"{hf / name}:" in err and field in err, err
-    assert rss <= healthy_rss + RSS_MARGIN_MIB * 1024, (rss, healthy_rss)
-    assert not (tmp_path / "out" / "metrics.json").exists()
+def test_a_hostile_tokenizer_file_is_refused_naming_it(case, imports):
+    _, _, name, field = CASES[case]
+    dirs, runs = imports
+    hf, run = dirs[case], runs[case]
+    assert run.traceback is None, run.traceback
+    assert run.code == 2, run.stderr
+    assert "Traceback" not in run.stderr, run.stderr
+    assert f"{hf / name}:" in run.stderr and field in run.stderr, run.stderr
+    limit = runs[HEALTHY].peak_rss + RSS_MARGIN
+    assert run.peak_rss <= limit, (f"peak RSS {run.peak_rss >> 20} MiB > the healthy import's + {RSS_MARGIN >> 20} "
+                                   f"MiB ({limit >> 20} MiB), first exceeded by {runs.first_over(limit)}")
+    assert not (hf.parent / "out" / "metrics.json").exists()
 
 
 @pytest.mark.parametrize("token", [{"content": "</s>"}, {"__type": "AddedToken", "content": "</s>", "lstrip": False,
