@@ -49,7 +49,8 @@ class Constraints:
         n = len(scores)
         at = Rows(length, max_new, np.zeros(n, np.int64), np.full(n, -1) if first is None else first, np.ones(n),
                   np.zeros(n, bool), np.zeros((n, 1), np.int64), np.arange(n))
-        self.rules({"pad_id": -1, "bos_id": -1, "unk_id": -1, "eos_id": -1}).apply(scores, at, rows)
+        nobody = {"pad_id": -1, "bos_id": -1, "unk_id": -1, "eos_id": -1}  # read only by rules these rows never meet
+        self.rules(nobody).apply(scores, at, rows)
 
     def never_sampled(self, special: dict) -> np.ndarray:
         """(K,) ids sampling never returns: the special ids but the end token (and a forced first token), plus the
