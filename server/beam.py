@@ -116,12 +116,12 @@ class Beams:
             self._searches[r.id] = _Search(r)
             self._n_top += bool(p.top_logprobs)
 
-    def _ruled(self, raw: np.ndarray, top: np.ndarray, log_z: np.ndarray,
-               rows: Rows) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _ruled(self, raw: np.ndarray, top: np.ndarray, log_z: np.ndarray, rows: Rows,
+               acting: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The rows' log-probabilities (R, V) float64 after the token rules, as (raw, top, log_z) with top = log_z =
         0, so the selection below reads them unchanged."""
         lp = np.subtract(raw, top, dtype=np.float64) - log_z[:, None]  # (R, V)
-        self.rules.apply(lp, rows)
+        self.rules.apply(lp, rows, acting=acting)
         return lp, np.zeros_like(top), np.zeros_like(log_z)
 
     def owns(self) -> np.ndarray:
@@ -153,8 +153,11 @@ class Beams:
         tops = {i: top_alternatives(_shifted(raw, top, i) - log_z[i], int(self._top_n[rows[i]]))
                 for i in np.flatnonzero(self._top_n[rows]).tolist()} if self._n_top else {}
         ruled = Rows.of(self.runner.slots, rows, logprobs=True)
-        if self.rules.acts(ruled):
-            raw, top, log_z = self._ruled(raw, top, log_z, ruled)
+        if acting := self.rules.acting(ruled):
+            if self.rules.masks_only(acting):  # bans alone: on the float32 logits, the same -inf (no float64 copy)
+                self.rules.apply(raw, ruled, acting=acting)
+            else:
+                raw, top, log_z = self._ruled(raw, top, log_z, ruled, acting)
         idx = _top_tokens(raw, top, k)  # (R, k) each beam's best, ascending
         lp = _shifted(raw, top, np.arange(rows.size)[:, None], idx) - log_z[:, None]  # (R, k)
         return idx, lp, tops

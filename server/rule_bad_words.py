@@ -13,6 +13,7 @@ from seqserve.server.rule import Rows
 class BadWords:
     ids: tuple[int, ...]
     host = True
+    masks = True
 
     def acts(self, rows: Rows) -> np.ndarray:
         return np.ones(len(rows), bool)

@@ -14,6 +14,7 @@ from seqserve.server.rule import Rows, force
 class ForcedBOS:
     token: int | None  # the model's forced first token (None: only rows with their own)
     host = True
+    masks = False
 
     def acts(self, rows: Rows) -> np.ndarray:
         starting = rows.length == 0

@@ -13,6 +13,7 @@ from seqserve.server.rule import Rows, force
 class ForcedEOS:
     token: int
     host = True
+    masks = False
 
     def acts(self, rows: Rows) -> np.ndarray:
         return rows.length + 1 == rows.max_new

@@ -13,6 +13,7 @@ from seqserve.server.rule import Rows
 class MinNewTokens:
     eos_id: int
     host = True
+    masks = True
 
     def acts(self, rows: Rows) -> np.ndarray:
         return rows.length < rows.min_new

@@ -13,6 +13,7 @@ from seqserve.server.rule import Rows
 class NeverSampled:
     ids: np.ndarray  # (K,) int64
     host = True
+    masks = True
 
     @staticmethod
     def ids_for(special: dict, forced_bos: int | None = None, banned: tuple[int, ...] = ()) -> np.ndarray:

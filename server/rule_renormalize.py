@@ -17,6 +17,7 @@ def log_softmax(x: np.ndarray) -> np.ndarray:
 
 class Renormalize:
     host = False
+    masks = False
 
     def acts(self, rows: Rows) -> np.ndarray:
         return np.full(len(rows), rows.logprobs)

@@ -10,6 +10,7 @@ from seqserve.server.rule import Rows
 
 class RepetitionPenalty:
     host = True
+    masks = False
 
     def acts(self, rows: Rows) -> np.ndarray:
         return (rows.penalty != 1.0) & (rows.length > 0)

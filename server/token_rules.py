@@ -57,19 +57,28 @@ class TokenRules:
     def __add__(self, rule: TokenRule) -> TokenRules:
         return TokenRules(self.rules + (rule,))
 
-    def apply(self, scores: np.ndarray, rows: Rows, on: np.ndarray | None = None) -> None:
-        """In place on scores (n, V): each rule in order, on the rows it acts on (and `on`, (n,) bool, allows)."""
-        for rule in self.rules:
-            hit = rule.acts(rows)
-            if on is not None:
-                hit = hit & on
-            if hit.any():
-                rule.apply(scores, rows, hit)
+    def acting(self, rows: Rows, on: np.ndarray | None = None) -> list[tuple[TokenRule, np.ndarray]]:
+        """The rules that change any of these rows (and `on`, (n,) bool, allows) this step, in order, each with the
+        (n,) rows it changes."""
+        hits = ((rule, rule.acts(rows) if on is None else rule.acts(rows) & on) for rule in self.rules)
+        return [(rule, hit) for rule, hit in hits if hit.any()]
+
+    def apply(self, scores: np.ndarray, rows: Rows, on: np.ndarray | None = None,
+              acting: list[tuple[TokenRule, np.ndarray]] | None = None) -> None:
+        """In place on scores (n, V): each rule in order, on the rows it acts on (acting: `acting(rows, on)`'s answer
+        when the caller already has it)."""
+        for rule, hit in self.acting(rows, on) if acting is None else acting:
+            rule.apply(scores, rows, hit)
 
     def acts(self, rows: Rows, on: np.ndarray | None = None) -> bool:
         """Whether any rule changes any of these rows this step."""
-        return any((rule.acts(rows) if on is None else rule.acts(rows) & on).any() for rule in self.rules)
+        return bool(self.acting(rows, on))
 
     def need_logits(self, rows: Rows, on: np.ndarray | None = None) -> bool:
         """Whether a rule acting on these rows this step needs the step's logits on the host."""
-        return any((rule.acts(rows) if on is None else rule.acts(rows) & on).any() for rule in self.rules if rule.host)
+        return any(rule.host for rule, _ in self.acting(rows, on))
+
+    @staticmethod
+    def masks_only(acting: list[tuple[TokenRule, np.ndarray]]) -> bool:
+        """Whether every acting rule only bans ids (-inf), which acts alike on logits and on log-probabilities."""
+        return all(rule.masks for rule, _ in acting)

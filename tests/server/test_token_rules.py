@@ -2,12 +2,18 @@
 (transformers'), and a rule added to the list acting on greedy, sampled and beam rows alike."""
 from __future__ import annotations
 
+import shutil
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 
 import numpy as np
 import pytest
+from token_choice_bundle import with_token_choice
 
+from seqserve.contract import manifest as mf
+from seqserve.contract import names
+from seqserve.contract.generation import GenerationDefaults
 from seqserve.contract.tokenizer import load_tokenizer
 from seqserve.contract.tsv import heldout_pairs
 from seqserve.server.device import RuntimeConfig
@@ -23,6 +29,7 @@ from seqserve.server.rule_renormalize import Renormalize
 from seqserve.server.rule_repetition import RepetitionPenalty
 from seqserve.server.runner import Runner
 from seqserve.server.scheduler import Scheduler, SchedulerConfig
+from seqserve.server.step_output import Need
 from seqserve.server.token_rules import TokenRules
 
 INF = np.inf
@@ -125,6 +132,7 @@ class BanOne:
 
     token: int
     host = True
+    masks = True
 
     def acts(self, at: Rows) -> np.ndarray:
         return np.ones(len(at), bool)
@@ -168,3 +176,55 @@ def test_a_rule_added_to_the_list_acts_on_greedy_sampled_and_beam_rows_alike(eng
         eng.rules = eng.beams.rules = model_rules
     assert all(ids and banned not in ids for ids in after.values())
     assert _emitted(eng, sources) == before  # without it, as before
+
+
+def _with_generation(bundle: Path, out: Path, generation: dict) -> Path:
+    """A copy of bundle whose manifest carries these generation defaults (an imported model's token rules)."""
+    if not out.exists():
+        shutil.copytree(bundle, out)
+    manifest = mf.load_manifest(out, check_files=False)
+    replace(manifest, generation=generation).save(out)
+    return out
+
+
+class Recording(Runner):
+    """The real runner, recording what each step copied to the host."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.fetched: list[tuple[str, ...]] = []
+
+    def run_step(self, need):
+        out = super().run_step(need)
+        self.fetched.append(out.fetched)
+        return out
+
+
+def test_a_step_takes_the_logits_only_when_a_rule_acts_on_one_of_its_rows(tiny_bundle, tmp_path_factory):
+    """A model that forces its end token at max_new_tokens: with the token-choice outputs, a greedy batch copies ids
+    on every step but the last, where the forced token needs the logits; the tokens are the host path's exactly."""
+    tok = load_tokenizer(tiny_bundle / "tokenizer.json")
+    sources = [tok.encode(s).ids for s, _ in heldout_pairs(tiny_bundle, 6)]
+    manifest = mf.load_manifest(tiny_bundle, check_files=False)
+    eos = manifest.special_tokens["eos_id"]
+    generation = GenerationDefaults(decoder_start_token_id=manifest.decoder_start_id, eos_token_id=eos,
+                                    forced_eos_token_id=eos, max_new_tokens=8).to_dict()
+    root = tmp_path_factory.mktemp("rules")
+    host = _with_generation(tiny_bundle, root / "host", generation)
+    choice = _with_generation(with_token_choice(tiny_bundle, root / "choice"), root / "choice", generation)
+    runs = {}
+    for name, bundle in (("host", host), ("choice", choice)):
+        runner = Recording(bundle, RuntimeConfig(device="cpu", intra_op_threads=1), capacity=8)
+        eng = Engine(runner, tok, Scheduler(SchedulerConfig(max_batch_size=8,
+                                                            cross_bytes_per_token=runner.cross_bytes_per_token)))
+        done = eng.generate([Request(s, SamplingParams(max_new_tokens=8)) for s in sources])
+        runs[name] = ([(r.output_ids, r.finish_reason) for r in done], runner.fetched, eng)
+    assert runs["choice"][0] == runs["host"][0]
+    assert all(reason.name in ("EOS", "LENGTH") for _, reason in runs["host"][0])
+    fetched = runs["choice"][1]
+    assert (names.NEXT_TOKEN_IDS,) in fetched and (names.LOGITS,) in fetched  # ids, then the forced last step
+    assert fetched.count((names.LOGITS,)) == 1  # every row reaches its last step together
+    eng = runs["choice"][2]
+    eng.submit(Request(sources[0], SamplingParams(max_new_tokens=8)))
+    eng.step()
+    assert eng._need() is Need.IDS
