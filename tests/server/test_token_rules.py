@@ -228,3 +228,42 @@ def test_a_step_takes_the_logits_only_when_a_rule_acts_on_one_of_its_rows(tiny_b
     eng.submit(Request(sources[0], SamplingParams(max_new_tokens=8)))
     eng.step()
     assert eng._need() is Need.IDS
+
+
+def test_the_list_equals_transformers_processors_on_the_same_log_probabilities():
+    """transformers' own list (`_get_logits_processor`, as beam search builds it) and this one, at every step of a
+    5-token generation, on the same random log-probabilities: the same order, the same values."""
+    torch = pytest.importorskip("torch")
+    from transformers import GenerationConfig
+    from transformers.generation.utils import GenerationMixin
+
+    config = GenerationConfig(repetition_penalty=1.3, bad_words_ids=[[5]], min_new_tokens=3, forced_bos_token_id=4,
+                              forced_eos_token_id=2, eos_token_id=2, max_length=6, renormalize_logits=True,
+                              pad_token_id=0, decoder_start_token_id=1)
+    config._eos_token_tensor, config._pad_token_tensor = torch.tensor([2]), torch.tensor(0)  # as generate() sets
+    config._bos_token_tensor, config._decoder_start_token_tensor = None, torch.tensor(1)
+    model = type("EncoderDecoder", (), {"config": type("C", (), {"is_encoder_decoder": True})(),
+                                        "_merge_criteria_processor_list": staticmethod(
+                                            lambda p, extra: GenerationMixin._merge_criteria_processor_list(
+                                                None, p, extra))})()
+    theirs = GenerationMixin._get_logits_processor(model, config, input_ids_seq_length=1, device="cpu",
+                                                   model_kwargs={})
+    ours = TokenRules.for_model({"bad_words_ids": [5], "forced_bos_token_id": 4, "forced_eos_token_id": 2,
+                                 "renormalize_logits": True}, SPECIAL)
+    assert [type(p).__name__ for p in theirs] == [
+        "RepetitionPenaltyLogitsProcessor", "NoBadWordsLogitsProcessor", "MinNewTokensLengthLogitsProcessor",
+        "ForcedBOSTokenLogitsProcessor", "ForcedEOSTokenLogitsProcessor", "LogitNormalization"]
+    rng = np.random.default_rng(0)
+    # transformers also penalises the decoder start token (id 1) in its input ids; these rows generate it once
+    # first, so both penalise the same ids (sampled rows never draw it: NeverSampled)
+    generated = np.concatenate([np.ones((3, 1), np.int64), rng.integers(2, 8, (3, 4))], axis=1)
+    for length in range(5):
+        x = rng.standard_normal((3, 8))
+        lp = x - np.log(np.exp(x).sum(axis=1, keepdims=True))
+        decoder_ids = torch.tensor(np.concatenate([np.ones((3, 1), np.int64), generated[:, :length]], axis=1))
+        want = theirs(decoder_ids, torch.tensor(lp)).numpy()
+        got = lp.copy()
+        ours.apply(got, rows(3, length=length, max_new=5, min_new=3, penalty=1.3, logprobs=True,
+                             ids=np.concatenate([np.ones((3, 1), np.int64), generated], axis=1)))
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-12)
+        assert (np.isinf(got) == np.isinf(want)).all()
