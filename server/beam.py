@@ -28,11 +28,11 @@ import numpy as np
 
 from seqserve.contract import names
 from seqserve.contract.scoring import score
-from seqserve.server.constraints import Constraints
 from seqserve.server.request import FinishReason, Request, Sequence, TokenLogprob
+from seqserve.server.rule import Rows
 from seqserve.server.runner import Runner
-from seqserve.server.sampling import log_softmax
 from seqserve.server.step_output import StepOutput
+from seqserve.server.token_rules import TokenRules
 
 CANDIDATES_PER_BEAM = 2  # HF keeps 2 x num_beams candidates (one end token)
 
@@ -82,8 +82,9 @@ class Beams:
     scores, as vector operations over all beam requests in the batch."""
 
     def __init__(self, runner: Runner, detokenize: Callable[[list[int]], str], eos_id: int,
-                 constraints: Constraints = Constraints()) -> None:
-        self.runner, self.detokenize, self.eos_id, self.constraints = runner, detokenize, eos_id, constraints
+                 rules: TokenRules | None = None) -> None:
+        self.runner, self.detokenize, self.eos_id = runner, detokenize, eos_id
+        self.rules = rules or TokenRules.for_request(eos_id)  # server/token_rules.py: the model's list
         slots = runner.slots
         capacity, max_new = slots.capacity, slots.ids.shape[1] - 1
         # Per-row state (C, ...): the slot map moves it with its row and clears it when the row is freed.
@@ -115,14 +116,12 @@ class Beams:
             self._searches[r.id] = _Search(r)
             self._n_top += bool(p.top_logprobs)
 
-    def _constrained(self, raw: np.ndarray, top: np.ndarray, log_z: np.ndarray, length: np.ndarray,
-                     max_new: np.ndarray, first: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The rows' log-probabilities (R, V) float64 after the token rules (renormalised when the model asks), as
-        (raw, top, log_z) with top = log_z = 0, so the selection below reads them unchanged."""
+    def _ruled(self, raw: np.ndarray, top: np.ndarray, log_z: np.ndarray, rows: Rows,
+               acting: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The rows' log-probabilities (R, V) float64 after the token rules, as (raw, top, log_z) with top = log_z =
+        0, so the selection below reads them unchanged."""
         lp = np.subtract(raw, top, dtype=np.float64) - log_z[:, None]  # (R, V)
-        self.constraints.apply(lp, length, max_new, first=first)
-        if self.constraints.renormalize:
-            lp = log_softmax(lp)
+        self.rules.apply(lp, rows, acting=acting)
         return lp, np.zeros_like(top), np.zeros_like(log_z)
 
     def owns(self) -> np.ndarray:
@@ -137,28 +136,28 @@ class Beams:
             self._owner[mine], self._beam[mine] = 0, 0
 
     def needs_logits(self) -> bool:
-        """Whether this step's beams need the whole logits (a token rule, top_logprobs, min_new_tokens still
-        masking the end token, or more candidates than the graph's TOP_K) rather than the graph's top-k."""
-        slots, hi = self.runner.slots, self.runner.slots.hi
+        """Whether this step's beams need the whole logits (top_logprobs, or more candidates than the graph's
+        TOP_K) rather than the graph's top-k; the token rules say so themselves (Engine._need asks them)."""
+        hi = self.runner.slots.hi
         live = self._beam[:hi] != 0
-        return bool(self.constraints.active or self._n_top or (live & (slots.length[:hi] < slots.min_new[:hi])).any()
-                    or CANDIDATES_PER_BEAM * int(self._width[:hi][live].max(initial=0)) > names.TOP_K)
+        return bool(self._n_top or CANDIDATES_PER_BEAM * int(self._width[:hi][live].max(initial=0)) > names.TOP_K)
 
-    def _from_logits(self, logits: np.ndarray, rows: np.ndarray, length: np.ndarray, k: int):
+    def _from_logits(self, logits: np.ndarray, rows: np.ndarray, k: int):
         """(idx (R, k) each beam's best ids, ascending; lp (R, k) their float64 log-probabilities; the top_logprobs
-        alternatives by row index) from the logits, after the model's token rules and min_new_tokens."""
-        slots, eos = self.runner.slots, self.eos_id
+        alternatives by row index, the model's distribution before any rule) from the logits, after the token rules
+        (on log-probabilities, as transformers' beam search applies its processors)."""
         raw = logits[rows]  # (R, V) float32, a copy
         top = raw.max(axis=1, keepdims=True).astype(np.float64)  # (R, 1)
         e = np.subtract(raw, top, dtype=np.float64)  # (R, V) x - max in float64, as sampling.log_softmax
-        log_z = np.log(np.exp(e, out=e).sum(axis=1))  # (R,) the model's distribution, before min_new_tokens
-        if self.constraints.active:  # the model's token rules act on log-probabilities, as HF's processors on beams
-            raw, top, log_z = self._constrained(raw, top, log_z, length, slots.max_new[rows], slots.first[rows])
+        log_z = np.log(np.exp(e, out=e).sum(axis=1))  # (R,) the model's distribution, before the rules
         tops = {i: top_alternatives(_shifted(raw, top, i) - log_z[i], int(self._top_n[rows[i]]))
                 for i in np.flatnonzero(self._top_n[rows]).tolist()} if self._n_top else {}
-        no_eos = length < slots.min_new[rows]  # (R,) HF masks the end token after log_softmax
-        if no_eos.any():
-            raw[no_eos, eos] = -np.inf
+        ruled = Rows.of(self.runner.slots, rows, logprobs=True)
+        if acting := self.rules.acting(ruled):
+            if self.rules.masks_only(acting):  # bans alone: on the float32 logits, the same -inf (no float64 copy)
+                self.rules.apply(raw, ruled, acting=acting)
+            else:
+                raw, top, log_z = self._ruled(raw, top, log_z, ruled, acting)
         idx = _top_tokens(raw, top, k)  # (R, k) each beam's best, ascending
         lp = _shifted(raw, top, np.arange(rows.size)[:, None], idx) - log_z[:, None]  # (R, k)
         return idx, lp, tops
@@ -184,7 +183,7 @@ class Beams:
         if isinstance(logits, StepOutput):  # the graph's top-k (needs_logits() was False): no token rule applies
             idx, lp, tops = _from_top(logits, rows, k)
         else:
-            idx, lp, tops = self._from_logits(logits, rows, length, k)
+            idx, lp, tops = self._from_logits(logits, rows, k)
         k = idx.shape[1]
         total = (self._cum[rows][:, None] + lp).ravel()  # (R k,) by request, then (rank, token): HF's tie order
         rep = np.repeat(group, k)  # (R k,)

@@ -20,9 +20,10 @@ from seqserve.server.constraints import Constraints
 from seqserve.server.detokenizer import TextStream
 from seqserve.server.metrics import Metrics, ModelMetrics
 from seqserve.server.request import FinishReason, Request
+from seqserve.server.rule import Rows
 from seqserve.server.runner import Runner
 from seqserve.server.running import Running, views
-from seqserve.server.sampling import choose, log_softmax, sample_row
+from seqserve.server.sampling import log_softmax, sample_row
 from seqserve.server.scheduler import Plan, Scheduler
 from seqserve.server.step_output import Need, StepOutput
 from seqserve.server.stepping import Stepping
@@ -42,10 +43,11 @@ class Engine(Stepping):
         self.constraints = Constraints.from_generation(  # the model's token rules; a target language per row
             runner.manifest.generation, per_row_first=bool(runner.manifest.languages))
         self.banned = self.constraints.never_sampled(special)  # never sampled
+        self.rules = self.constraints.rules(special)  # server/token_rules.py: every row's token rules, in order
         self._running: dict[Request, Running] = {}  # every running greedy or sampled request's record
         self._views: tuple[list[Running], ...] | None = None  # running.views: None when a record joined or left
         self.beams = Beams(runner, lambda ids: tokenizer.decode(ids, skip_special_tokens=True), self.eos_id,
-                           self.constraints)
+                           self.rules)
 
     def submit(self, request: Request) -> None:
         """Queues a request (raises QueueFull when the waiting queue is at its limit) and wakes the loop."""
@@ -101,15 +103,14 @@ class Engine(Stepping):
 
     def _need(self) -> Need:
         """What this step's rows need from the decoder (step_output.py): ids when every row is greedy and no token
-        rule acts on the logits, the top-k when beam requests run without one, else the logits (the host path)."""
+        rule acts on them, the top-k when beam requests run and no rule acts, else the logits (the host path)."""
         if not self.runner.token_choice:
             return Need.LOGITS
         if self._views is None:
             self._views = views(self._running.values())
         sampled, scored = self._views[:2]
         slots, hi = self.runner.slots, self.runner.slots.hi
-        if sampled or scored or self.constraints.active or (slots.live[:hi] & (slots.length[:hi] < slots.min_new[:hi])
-                                                            & ~self.beams.owns()).any():
+        if sampled or scored or self.rules.need_logits(Rows.of(slots, hi), slots.live[:hi]):
             return Need.LOGITS
         if not self.beams.owns().any():
             return Need.IDS
@@ -129,9 +130,10 @@ class Engine(Stepping):
             chosen = out.ids.copy()
         else:
             lps = {rec: log_softmax(logits[rec.slot]) for rec in scored}  # the model's, before anything masks them
-            if self.constraints.active:  # greedy and sampled rows: on the logits (beams: on their log-probabilities)
-                self.constraints.apply(logits[:hi], slots.length[:hi], slots.max_new[:hi], single, slots.first[:hi])
-            chosen = choose(logits, {}, self.eos_id, self.banned, single & (slots.length[:hi] < slots.min_new[:hi]))
+            # greedy rows: the token rules on their logits (sampled rows: on a float64 copy in _sample; beams: on
+            # their log-probabilities)
+            self.rules.apply(logits[:hi], Rows.of(slots, hi), single & ~slots.sampled[:hi])
+            chosen = logits.argmax(axis=-1)  # (hi,) one vectorised argmax serves every greedy row
         if sampled:  # (each phase is skipped outright when no row needs it: batch 1 pays per call)
             self._each(sampled, lambda rec: self._sample(rec, logits, chosen))
         codes = np.where(single, finish.after_token(chosen, slots.length[:hi], slots.max_new[:hi], self.eos_id), 0)
@@ -152,7 +154,8 @@ class Engine(Stepping):
 
     def _sample(self, rec: Running, logits: np.ndarray, chosen: np.ndarray) -> None:
         s, slots = rec.slot, self.runner.slots
-        chosen[s] = sample_row(logits[s], rec, slots.ids[s, 1 : 1 + slots.length[s]], self.eos_id, self.banned)
+        chosen[s] = sample_row(logits[s], rec, slots.ids[s, 1 : 1 + slots.length[s]], self.eos_id, self.banned,
+                               self.rules)
 
     def _text(self, rec: Running, token: int, appended: np.ndarray, codes: np.ndarray) -> None:
         """A row's new token in its text (a stop string ends it STOP) and its stream."""

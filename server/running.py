@@ -34,6 +34,10 @@ class Running:
         return self.request.params
 
     @property
+    def forced_bos(self) -> int | None:  # the token rules read a row's own forced first token from its request
+        return self.request.forced_bos
+
+    @property
     def rng(self):  # sampling.sample_row's generator lives with the request it draws for
         return self.request.rng
 

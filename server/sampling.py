@@ -1,39 +1,42 @@
-"""Next-token choice for a batch: greedy for every row in one argmax, then temperature, top-k, top-p, repetition
-penalty and min_new_tokens for the rows that ask for them.
+"""Next-token choice for sampled rows: the token rules (server/token_rules.py) on a float64 copy of the row's logits,
+then temperature, top-k and top-p, and one draw. Greedy rows are one argmax over the batch (the engine's).
 
 Each request draws from its own seeded generator, exactly one number per sampled step, so a seeded request gives the
-same output alone or inside any batch. Sampled rows never return <pad>, <s> or <unk>: those ids are masked first.
+same output alone or inside any batch.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from seqserve.server.request import Request
+from seqserve.server.rule import Rows
+from seqserve.server.rule_min_new import MinNewTokens
+from seqserve.server.rule_renormalize import log_softmax
+from seqserve.server.token_rules import TokenRules
+
+__all__ = ["choose", "log_softmax", "sample_row"]
 
 
 def choose(logits: np.ndarray, per_row: dict[int, tuple[Request, np.ndarray]], eos_id: int,
            banned: np.ndarray, no_eos: np.ndarray | None = None) -> np.ndarray:
-    """logits (B, V) float32 -> chosen ids (B,) int64. per_row maps a row to (its request, the ids it generated so
-    far) for the rows that are not greedy; banned (K,) are the ids sampling never returns; no_eos (B,) bool marks
-    greedy rows still short of min_new_tokens: their end token is masked in logits itself (take log-probabilities
-    before calling this)."""
+    """logits (B, V) float32 -> chosen ids (B,) int64, for tools and tests that hold no Slots. per_row maps a row to
+    (its request, the ids it generated so far) for the rows that are not greedy; banned (K,) are the ids sampling
+    never returns; no_eos (B,) bool marks greedy rows still short of min_new_tokens (masked in logits itself)."""
     if no_eos is not None and no_eos.any():
-        logits[no_eos, eos_id] = -np.inf
+        MinNewTokens(eos_id).apply(logits, None, no_eos)
     chosen = logits.argmax(axis=-1)  # (B,) one vectorised argmax serves every greedy row
     for row, (request, generated) in per_row.items():
         chosen[row] = sample_row(logits[row], request, generated, eos_id, banned)
     return chosen.astype(np.int64)
 
 
-def sample_row(logits: np.ndarray, request: Request, generated: np.ndarray, eos_id: int, banned: np.ndarray) -> int:
+def sample_row(logits: np.ndarray, request: Request, generated: np.ndarray, eos_id: int, banned: np.ndarray,
+               rules: TokenRules | None = None) -> int:
+    """One sampled row's token; rules: the model's list (None: the request-level rules, with `banned` never
+    sampled). logits (V,) are not changed."""
     p = request.params
     x = logits.astype(np.float64)  # (V,) a copy; float64 keeps the cumulative sums exact enough to be reproducible
-    x[banned] = -np.inf
-    if p.repetition_penalty != 1.0 and generated.size:
-        seen = np.unique(generated)
-        x[seen] = np.where(x[seen] > 0, x[seen] / p.repetition_penalty, x[seen] * p.repetition_penalty)  # CTRL, 4.1
-    if generated.size < p.min_new_tokens:
-        x[eos_id] = -np.inf
+    (rules or TokenRules.for_request(eos_id, banned)).apply(x[None], Rows.single(request, generated))
     if p.temperature == 0.0:
         return int(x.argmax())
     x = x / p.temperature
@@ -53,10 +56,3 @@ def sample_row(logits: np.ndarray, request: Request, generated: np.ndarray, eos_
         request.rng = np.random.default_rng(p.seed)
     u = request.rng.random()  # one draw per step, whatever else is in the batch
     return int(min(np.searchsorted(np.cumsum(probs), u, side="right"), probs.size - 1))
-
-
-def log_softmax(logits: np.ndarray) -> np.ndarray:
-    """(..., V) float32 -> log-probabilities in float64 (numerically stable)."""
-    x = logits.astype(np.float64)
-    x -= x.max(axis=-1, keepdims=True)
-    return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))

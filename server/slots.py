@@ -25,6 +25,8 @@ class Slots:
         self.index: dict[int, list[int]] = {}  # request id -> its slots (one per beam)
         self._tracked: tuple[np.ndarray, ...] = ()  # per-row state kept elsewhere (beam.py), moved and cleared here
         self.first = np.full(capacity, -1, np.int64)  # (C,) each row's forced first token (-1: the model's rule)
+        self.penalty = np.ones(capacity, np.float64)  # (C,) each row's repetition_penalty (1: off)
+        self.sampled = np.zeros(capacity, bool)  # (C,) the row's token is drawn, not an argmax
 
     def track(self, *arrays: np.ndarray) -> None:
         """Per-row arrays (C, ...) that another component keeps: moved with their row, cleared when it is freed."""
@@ -45,6 +47,8 @@ class Slots:
         self.max_new[slot] = request.params.max_new_tokens
         self.min_new[slot] = request.params.min_new_tokens
         self.first[slot] = -1 if request.forced_bos is None else request.forced_bos
+        self.penalty[slot] = request.params.repetition_penalty
+        self.sampled[slot] = not request.params.greedy
         self.live[slot] = True
         self.n_live += 1
         self.hi = max(self.hi, slot + 1)
@@ -86,7 +90,7 @@ class Slots:
         self.requests[dst], self.requests[src] = self.requests[src], None
         rows = self.index[self.requests[dst].id]
         rows[rows.index(src)] = dst
-        for a in (self.ids, self.length, self.max_new, self.min_new, self.first, self.live):
+        for a in (self.ids, self.length, self.max_new, self.min_new, self.first, self.penalty, self.sampled, self.live):
             a[dst] = a[src]
         self.live[src], self.length[src] = False, 0
         for a in self._tracked:

@@ -1,9 +1,9 @@
 """What one decoder step hands back to the host, and what a step asks for (the fewer bytes, the less a GPU waits).
 
 A decoder graph with the token-choice outputs (contract/names.py) lets a step copy only what its rows need:
-    IDS     every row greedy, no token rule acting on the logits: each row's argmax id (batch,) int64
-    TOP     beams without token rules: the ids above plus each row's TOP_K best ids and their log-probabilities
-    LOGITS  anything else (sampling, token rules, min_new_tokens, log-probabilities): the logits (batch, vocab)
+    IDS     every row greedy, no token rule acting on a row (TokenRules.need_logits): each row's argmax id (batch,)
+    TOP     beams, no rule acting: the ids above plus each row's TOP_K best ids and their log-probabilities
+    LOGITS  anything else (sampling, a token rule acting, log-probabilities): the logits (batch, vocab)
 A graph without them (a bundle exported before them, or a CPU graph) always gives LOGITS.
 """
 from __future__ import annotations
