@@ -57,14 +57,14 @@ class Served:
         """Makes every decoder step take longer, so generations are long enough to act on mid-way (0 undoes it)."""
         self.step_delay = seconds_per_step
         runner = self.app.runner
-        if "step" not in vars(runner):  # wrap the bound method once; the delay can change later
-            step = runner.step
+        if "run_step" not in vars(runner):  # wrap the bound method the engine calls, once; the delay can change later
+            step = runner.run_step
 
-            def slow_step(*args):
+            def slow_step(*args, **kwargs):
                 time.sleep(self.step_delay)
-                return step(*args)
+                return step(*args, **kwargs)
 
-            runner.step = slow_step
+            runner.run_step = slow_step
 
     def gate(self) -> StepGate:
         """The engine's step gate (made once): close() holds the engine after its next step, open() lets it go on."""

@@ -115,11 +115,11 @@ def test_metric_values_move_as_requests_complete(served, heldout):
 SLOW_SERVE = """
 import sys, time
 from seqserve.server.runner import Runner
-step = Runner.step
-def slow_step(self, *args):
+step = Runner.run_step  # the decoder step the engine calls
+def slow_step(self, *args, **kwargs):
     time.sleep(0.05)  # long enough generations to send SIGTERM mid-way
-    return step(self, *args)
-Runner.step = slow_step
+    return step(self, *args, **kwargs)
+Runner.run_step = slow_step
 from seqserve.cli.main import main
 sys.exit(main(sys.argv[1:]))
 """
