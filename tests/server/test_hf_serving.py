@@ -1,4 +1,4 @@
-"""Hugging Face Marian and BART models served token for token as transformers generates them (issue 18).
+"""Hugging Face Marian and BART models served token for token as transformers generates them.
 
 For each family: a random-weight model of a small config with a tokenizer trained here, saved with save_pretrained,
 goes through `seqserve import` (which compares its logits with transformers'), `seqserve export --int8`,
