@@ -20,6 +20,7 @@ import onnxruntime as ort
 from seqserve.contract import names
 from seqserve.server.copy_graphs import CopyGraphs
 from seqserve.server.device import Device
+from seqserve.server.inplace_cache import probe_rows
 from seqserve.server.slots import Slots
 from seqserve.server.step_output import FETCHES, Need, StepOutput
 
@@ -198,22 +199,11 @@ class DeviceInPlaceCache:
         return binding
 
     def _probe(self, decoder, slots: Slots, rows: np.ndarray) -> np.ndarray:
-        """Rows alone on host copies of their buffers (a failure path: the round trip is fine here)."""
-        lens = slots.length[rows].astype(np.int32)
-        binding = decoder.io_binding()
-        binding.bind_output(names.LOGITS, "cpu")
-        binding.bind_cpu_input(names.DECODER_INPUT_IDS, slots.ids[rows, slots.length[rows]].reshape(-1, 1))
-        binding.bind_cpu_input(names.PAST_SEQ_LENS, lens)
-        binding.bind_cpu_input(names.TOTAL_SEQ_LEN, np.array(int(lens.max()) + 1, np.int32))
-        binding.bind_cpu_input(names.ENCODER_ATTENTION_MASK, self.src_mask[rows])
-        for past, present, buf in zip(self._past, self._present, self.self_kv):
-            copy = ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(buf.numpy()[rows]))
-            binding.bind_ortvalue_input(past, copy)
-            binding.bind_ortvalue_output(present, copy)
-        for name, buf in zip(self._cross_names, self.cross):
-            binding.bind_cpu_input(name, np.ascontiguousarray(buf.numpy()[rows]))
-        decoder.run_with_iobinding(binding)
-        return binding.get_outputs()[0].numpy()
+        """Rows alone on host copies of their buffers (inplace_cache.probe_rows)."""
+        return probe_rows(decoder, slots, rows, self.src_mask,
+                          [(past, present, buf.numpy()) for past, present, buf in zip(self._past, self._present,
+                                                                                       self.self_kv)],
+                          [(name, buf.numpy()) for name, buf in zip(self._cross_names, self.cross)])
 
 
 def _n(cross) -> int:

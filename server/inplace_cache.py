@@ -132,18 +132,25 @@ class InPlaceCache:
         return binding
 
     def _probe(self, decoder, slots: Slots, rows: np.ndarray) -> np.ndarray:
-        lens = slots.length[rows].astype(np.int32)  # (B,)
-        binding = decoder.io_binding()
-        binding.bind_output(names.LOGITS, "cpu")
-        binding.bind_cpu_input(names.DECODER_INPUT_IDS, slots.ids[rows, slots.length[rows]].reshape(-1, 1))
-        binding.bind_cpu_input(names.PAST_SEQ_LENS, lens)
-        binding.bind_cpu_input(names.TOTAL_SEQ_LEN, np.array(int(lens.max()) + 1, np.int32))
-        binding.bind_cpu_input(names.ENCODER_ATTENTION_MASK, self.src_mask[rows])
-        for past, present, buf in zip(self._past, self._present, self.self_kv):
-            copy = ort.OrtValue.ortvalue_from_numpy(buf[rows])  # a probe writes into its own copy
-            binding.bind_ortvalue_input(past, copy)
-            binding.bind_ortvalue_output(present, copy)
-        for name, buf in zip(self._cross_names, self.cross):
-            binding.bind_cpu_input(name, np.ascontiguousarray(buf[rows]))
-        decoder.run_with_iobinding(binding)
-        return binding.get_outputs()[0].numpy()
+        return probe_rows(decoder, slots, rows, self.src_mask, zip(self._past, self._present, self.self_kv),
+                          zip(self._cross_names, self.cross))
+
+
+def probe_rows(decoder, slots: Slots, rows: np.ndarray, src_mask: np.ndarray, self_kv, cross) -> np.ndarray:
+    """The step for these rows alone, on host copies of their buffers (a failure path: copies are fine here); self_kv
+    is (past name, present name, buffer) per layer, cross (input name, buffer), each buffer (slots, ...) as numpy."""
+    lens = slots.length[rows].astype(np.int32)  # (B,)
+    binding = decoder.io_binding()
+    binding.bind_output(names.LOGITS, "cpu")
+    binding.bind_cpu_input(names.DECODER_INPUT_IDS, slots.ids[rows, slots.length[rows]].reshape(-1, 1))
+    binding.bind_cpu_input(names.PAST_SEQ_LENS, lens)
+    binding.bind_cpu_input(names.TOTAL_SEQ_LEN, np.array(int(lens.max()) + 1, np.int32))
+    binding.bind_cpu_input(names.ENCODER_ATTENTION_MASK, src_mask[rows])
+    for past, present, buf in self_kv:
+        copy = ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(buf[rows]))  # a probe writes into its own copy
+        binding.bind_ortvalue_input(past, copy)
+        binding.bind_ortvalue_output(present, copy)
+    for name, buf in cross:
+        binding.bind_cpu_input(name, np.ascontiguousarray(buf[rows]))
+    decoder.run_with_iobinding(binding)
+    return binding.get_outputs()[0].numpy()

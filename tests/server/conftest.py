@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from grpc_harness import Served
+from token_choice_bundle import with_token_choice
 
 from seqserve.server.app import App
 
@@ -45,3 +46,9 @@ def make_server(tiny_bundle):
     yield make
     for s in servers:
         s.stop()
+
+
+@pytest.fixture(scope="session")
+def choice_bundle(tiny_bundle, tmp_path_factory):
+    """The tiny bundle with the token-choice outputs on its fp32 in-place decoder (token_choice_bundle.py)."""
+    return with_token_choice(tiny_bundle, tmp_path_factory.mktemp("choice") / "bundle")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import onnxruntime as ort
 import pytest
-from token_choice_bundle import with_token_choice
 
 from seqserve.contract import names
 from seqserve.contract.tokenizer import load_tokenizer
@@ -21,11 +20,6 @@ from seqserve.server.runner import Runner, choose_cache
 from seqserve.server.scheduler import Scheduler, SchedulerConfig
 
 CPU = RuntimeConfig(device="cpu", intra_op_threads=1)
-
-
-@pytest.fixture(scope="module")
-def choice_bundle(tiny_bundle, tmp_path_factory):
-    return with_token_choice(tiny_bundle, tmp_path_factory.mktemp("choice") / "bundle")
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from token_choice_bundle import with_token_choice
+from token_choice_bundle import Recording
 
 from seqserve.contract import names
 from seqserve.contract.tokenizer import load_tokenizer
@@ -13,7 +13,6 @@ from seqserve.server.device import RuntimeConfig
 from seqserve.server.engine import Engine
 from seqserve.server.metrics import Metrics
 from seqserve.server.request import Request, SamplingParams
-from seqserve.server.runner import Runner
 from seqserve.server.scheduler import Scheduler, SchedulerConfig
 from seqserve.server.step_output import Need
 
@@ -21,27 +20,9 @@ CPU = RuntimeConfig(device="cpu", intra_op_threads=1)
 
 
 @pytest.fixture(scope="module")
-def choice_bundle(tiny_bundle, tmp_path_factory):
-    return with_token_choice(tiny_bundle, tmp_path_factory.mktemp("choice") / "bundle")
-
-
-@pytest.fixture(scope="module")
 def sources(tiny_bundle):
     tok = load_tokenizer(tiny_bundle / "tokenizer.json")
     return tok, [tok.encode(s).ids for s, _ in heldout_pairs(tiny_bundle, 24)]
-
-
-class Recording(Runner):
-    """The real runner, recording which outputs each step copied to the host."""
-
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.fetched: list[tuple[str, ...]] = []
-
-    def run_step(self, need):
-        out = super().run_step(need)
-        self.fetched.append(out.fetched)
-        return out
 
 
 def _engine(bundle, tok, capacity=16) -> Engine:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from token_choice_bundle import with_token_choice
+from token_choice_bundle import Recording, with_token_choice
 
 from seqserve.contract import manifest as mf
 from seqserve.contract import names
@@ -185,19 +185,6 @@ def _with_generation(bundle: Path, out: Path, generation: dict) -> Path:
     manifest = mf.load_manifest(out, check_files=False)
     replace(manifest, generation=generation).save(out)
     return out
-
-
-class Recording(Runner):
-    """The real runner, recording what each step copied to the host."""
-
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.fetched: list[tuple[str, ...]] = []
-
-    def run_step(self, need):
-        out = super().run_step(need)
-        self.fetched.append(out.fetched)
-        return out
 
 
 def test_a_step_takes_the_logits_only_when_a_rule_acts_on_one_of_its_rows(tiny_bundle, tmp_path_factory):

@@ -10,6 +10,7 @@ import onnx
 from seqserve.contract import manifest as mf
 from seqserve.contract import names
 from seqserve.export.token_choice import add_token_choice
+from seqserve.server.runner import Runner
 
 
 def with_token_choice(bundle: Path, out: Path) -> Path:
@@ -21,3 +22,16 @@ def with_token_choice(bundle: Path, out: Path) -> Path:
     entry.update(mf.file_entry(out, names.DECODER_INPLACE_FILE), token_choice=list(names.TOKEN_CHOICE_OUTPUTS))
     manifest.save(out)
     return out
+
+
+class Recording(Runner):
+    """The real runner, recording which outputs each step copied to the host."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.fetched: list[tuple[str, ...]] = []
+
+    def run_step(self, need):
+        out = super().run_step(need)
+        self.fetched.append(out.fetched)
+        return out
