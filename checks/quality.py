@@ -1,6 +1,6 @@
 """Each precision variant's quality on the bundle's held-out split, measured with the server's own pieces (no torch).
 
-Exact match: the engine's greedy outputs (server/engine.py, the numpy onnxruntime loop) against the references.
+Exact match: the engine's greedy outputs (engine/engine.py, the numpy onnxruntime loop) against the references.
 Top-1 agreement: the fraction of teacher-forced decoder steps, forcing fp32's greedy tokens through the server's
 Runner, where the variant's argmax equals fp32's.
 """
@@ -19,11 +19,11 @@ from seqserve.contract.manifest import Manifest, load_manifest
 from seqserve.contract.tokenizer import load_tokenizer
 from seqserve.contract.tsv import HELDOUT, heldout_pairs
 from seqserve.export import variants as vr
-from seqserve.server.device import RuntimeConfig
-from seqserve.server.engine import Engine
-from seqserve.server.request import FinishReason, Request, SamplingParams
-from seqserve.server.runner import Runner
-from seqserve.server.scheduler import Scheduler, SchedulerConfig
+from seqserve.engine.device import RuntimeConfig
+from seqserve.engine.engine import Engine
+from seqserve.engine.request import FinishReason, Request, SamplingParams
+from seqserve.engine.runner import Runner
+from seqserve.engine.scheduler import Scheduler, SchedulerConfig
 
 QUALITY_N = 500  # the first lines of the held-out split: a fixed evaluation set that keeps export quick
 MAX_EXACT_MATCH_DROP = 1.0  # points of exact match a variant may lose against fp32 before it is reported loudly

@@ -18,12 +18,12 @@ from collections import defaultdict
 from seqserve.contract.names import KV_CACHES
 from seqserve.contract.tokenizer import load_tokenizer
 from seqserve.contract.tsv import heldout_pairs
-from seqserve.server.device import RuntimeConfig
-from seqserve.server.engine import Engine
+from seqserve.engine.device import RuntimeConfig
+from seqserve.engine.engine import Engine
 from seqserve.server.metrics import Metrics
-from seqserve.server.request import Request, SamplingParams
-from seqserve.server.runner import Runner
-from seqserve.server.scheduler import Scheduler, SchedulerConfig
+from seqserve.engine.request import Request, SamplingParams
+from seqserve.engine.runner import Runner
+from seqserve.engine.scheduler import Scheduler, SchedulerConfig
 
 PARTS = (  # (part, substrings of the file or caller that put a function's time there), first match wins
     ("onnxruntime: decoder step", ("inplace_cache.py:run", "inplace_cache.py:_probe", "kv_cache.py:run")),

@@ -19,12 +19,12 @@ import onnxruntime as ort
 
 from seqserve.contract.tokenizer import load_tokenizer
 from seqserve.contract.tsv import heldout_pairs
-from seqserve.server.device import RuntimeConfig
-from seqserve.server.engine import Engine
+from seqserve.engine.device import RuntimeConfig
+from seqserve.engine.engine import Engine
 from seqserve.server.metrics import Metrics
-from seqserve.server.request import Request, SamplingParams
-from seqserve.server.runner import Runner
-from seqserve.server.scheduler import Scheduler, SchedulerConfig
+from seqserve.engine.request import Request, SamplingParams
+from seqserve.engine.runner import Runner
+from seqserve.engine.scheduler import Scheduler, SchedulerConfig
 
 
 def profile(bundle: str, variant: str, n: int, batch_size: int, max_new: int, min_new: int, num_beams: int,

@@ -12,9 +12,9 @@ import time
 
 import numpy as np
 
-from seqserve.server.device import RuntimeConfig
-from seqserve.server.request import Request, SamplingParams
-from seqserve.server.runner import Runner
+from seqserve.engine.device import RuntimeConfig
+from seqserve.engine.request import Request, SamplingParams
+from seqserve.engine.runner import Runner
 
 SOURCE = list(range(4, 20))  # 16 source tokens
 STEPS = 20

@@ -11,7 +11,7 @@ import time
 import grpc
 
 from seqserve.server.metrics import Metrics
-from seqserve.server.request import Request
+from seqserve.engine.request import Request
 
 # The client's deadline runs out a little before the server's (the server's clock starts when the call arrives), so a
 # call cancelled this close to its deadline was ended by the deadline: it counts, and ends its rows, as DEADLINE.

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 
 from seqserve.contract.decoding import REPETITION_PENALTY, TEMPERATURE, TOP_P, beam_problem
-from seqserve.server.request import SamplingParams
+from seqserve.engine.request import SamplingParams
 from seqserve.server.settings import Limits
 
 NO_DEFAULTS = SamplingParams()  # a bundle without generation defaults

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 
-from seqserve.server.request import Event, Request
+from seqserve.engine.request import Event, Request
 
 
 class Outbox:

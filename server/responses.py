@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 
 from seqserve.contract.decoding import FLOAT_RANGES
-from seqserve.server.request import FinishReason, Result, Sequence
+from seqserve.engine.request import FinishReason, Result, Sequence
 from seqserve.v1 import seqserve_pb2 as pb
 
 _FINISH = {FinishReason.EOS: pb.FINISH_REASON_EOS, FinishReason.LENGTH: pb.FINISH_REASON_LENGTH,

@@ -11,7 +11,7 @@ from seqserve.contract.languages import Languages
 from seqserve.server.inflight import Call
 from seqserve.server.metrics import ModelMetrics
 from seqserve.server.outbox import Outbox
-from seqserve.server.request import SamplingParams
+from seqserve.engine.request import SamplingParams
 from seqserve.server.settings import Limits
 
 

@@ -18,6 +18,7 @@ from seqserve.client.flags import flag as _flag
 from seqserve.contract.devices import DEVICES
 from seqserve.contract.manifest import VARIANTS
 from seqserve.contract.names import KV_CACHES
+from seqserve.engine.scheduler import SchedulerConfig as _Sched
 
 ENV_PREFIX = "SEQSERVE_"
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
@@ -85,17 +86,18 @@ class Settings:
     cuda_tf32: bool = _opt(False, "CUDA: TF32 tensor-core matmuls for fp32 (faster, ~1e-2 logit error)", type=bool)
     cuda_graphs: bool = _opt(False, "CUDA with the in-place cache: capture the decoder step as one CUDA graph per "
                                     "batch bucket at warm-up and replay it (ignored on the CPU)", type=bool)
-    max_batch_size: int = _opt(32, "rows in one decoder step", type=int)
-    max_waiting: int = _opt(256, "queued requests beyond which calls get RESOURCE_EXHAUSTED", type=int)
-    max_kv_tokens: int = _opt(65_536, "KV-cache budget in token slots: rows x (longest source + largest "
-                                      "max_new_tokens) stays within it", type=int)
+    max_batch_size: int = _opt(_Sched.max_batch_size, "rows in one decoder step", type=int)
+    max_waiting: int = _opt(_Sched.max_waiting, "queued requests beyond which calls get RESOURCE_EXHAUSTED",
+                            type=int)
+    max_kv_tokens: int = _opt(_Sched.max_kv_tokens, "KV-cache budget in token slots: rows x (longest source + "
+                                                     "largest max_new_tokens) stays within it", type=int)
     stream_interval: int = _opt(1, "GenerateStream sends a message every this many tokens (and at the end): 1 = "
                                    "every token; more cuts the per-message gRPC cost when many streams run at once",
                                 type=int)
-    encode_batch: int = _opt(64, "encode-ahead: most waiting sources one encoder call takes when a joining row has "
-                                 "no encoder output yet", type=int)
-    max_encoded_bytes: int = _opt(64 * MiB, "encode-ahead: cross-attention K/V bytes held for waiting requests",
-                                  type=int)
+    encode_batch: int = _opt(_Sched.encode_batch, "encode-ahead: most waiting sources one encoder call takes when a "
+                                                   "joining row has no encoder output yet", type=int)
+    max_encoded_bytes: int = _opt(_Sched.max_encoded_bytes, "encode-ahead: cross-attention K/V bytes held for "
+                                                             "waiting requests", type=int)
     max_input_tokens: int | None = _opt(None, "longest input in tokens (default: the model's max_positions)",
                                         type=int)
     max_new_tokens: int | None = _opt(None, "largest max_new_tokens a request may ask (default: the bundle's)",

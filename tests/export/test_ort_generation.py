@@ -7,8 +7,8 @@ from seqserve.contract.manifest import load_manifest
 from seqserve.contract.tsv import heldout_pairs
 from seqserve.model.checkpoint import load_checkpoint
 from seqserve.model.decoding import greedy_decode
-from seqserve.server.request import FinishReason
-from seqserve.server.runner import Runner
+from seqserve.engine.request import FinishReason
+from seqserve.engine.runner import Runner
 
 
 def test_engine_greedy_equals_pytorch_greedy_on_heldout(tiny_checkpoint, tiny_bundle):

@@ -23,7 +23,7 @@ from tokenizers import Tokenizer
 from seqserve.contract.tokenizer import as_text_only
 from seqserve.model import hf_tokenizer
 from seqserve.model.hf_tokenizer import TokenizerImportError
-from seqserve.server.detokenizer import TextStream
+from seqserve.engine.detokenizer import TextStream
 
 N_RANDOM = 300  # random id sequences (a random-weight model's output looks like this), besides real target texts
 
@@ -130,7 +130,7 @@ def test_decoded_text_equals_the_originals_decode_skipping_special_tokens(family
 
 
 def test_streamed_text_equals_the_originals_decode(family):
-    """The server's incremental path (server/detokenizer.py: DecodeStream, then the whole output once at the end)
+    """The server's incremental path (engine/detokenizer.py: DecodeStream, then the whole output once at the end)
     sends pieces that join to exactly the original's text, and never sends text it later takes back."""
     name, _, original, served, _ = family
     for ids in _id_sequences(original, served.get_vocab_size()):

@@ -1,11 +1,11 @@
-"""server/beam.py's candidate selection: the k best, best first, ties to the lower (beam, token) index."""
+"""engine/beam.py's candidate selection: the k best, best first, ties to the lower (beam, token) index."""
 from __future__ import annotations
 
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from seqserve.server.beam import _best
+from seqserve.engine.beam import _best
 
 
 @settings(max_examples=300, deadline=None, derandomize=True)

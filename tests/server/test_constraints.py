@@ -1,9 +1,9 @@
-"""server/constraints.py: generation_config's token rules as Hugging Face's logits processors apply them."""
+"""engine/constraints.py: generation_config's token rules as Hugging Face's logits processors apply them."""
 from __future__ import annotations
 
 import numpy as np
 
-from seqserve.server.constraints import Constraints
+from seqserve.engine.constraints import Constraints
 
 
 def test_bad_words_forced_bos_and_forced_eos_per_row():

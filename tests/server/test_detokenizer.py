@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from seqserve.contract.tokenizer import load_tokenizer
-from seqserve.server.detokenizer import TextStream, held_back
+from seqserve.engine.detokenizer import TextStream, held_back
 
 ALPHABET = st.sampled_from(list("ab c0é日本🙂\u00a0\n") + ["\u0301", "ß"])  # ASCII, 2-, 3- and 4-byte UTF-8
 

@@ -6,8 +6,8 @@ import logging
 import onnxruntime as ort
 import pytest
 
-from seqserve.server.device import CPU, CUDA, RuntimeConfig
-from seqserve.server.runner import Runner
+from seqserve.engine.device import CPU, CUDA, RuntimeConfig
+from seqserve.engine.runner import Runner
 
 
 def test_auto_runs_on_the_provider_it_reports(tiny_bundle):

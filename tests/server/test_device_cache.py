@@ -1,4 +1,4 @@
-"""The device-resident in-place cache (server/device_cache.py) on 'cpu' OrtValues: the very code CUDA runs (copy
+"""The device-resident in-place cache (engine/device_cache.py) on 'cpu' OrtValues: the very code CUDA runs (copy
 graphs bound by pointer, outputs fetched from device buffers) gives today's numpy InPlaceCache's tokens exactly."""
 from __future__ import annotations
 
@@ -9,15 +9,15 @@ import pytest
 from seqserve.contract import names
 from seqserve.contract.tokenizer import load_tokenizer
 from seqserve.contract.tsv import heldout_pairs
-from seqserve.server import onnx_wire
-from seqserve.server.device import RuntimeConfig
-from seqserve.server.device_cache import DeviceInPlaceCache, buckets
-from seqserve.server.engine import Engine
-from seqserve.server.inplace_cache import InPlaceCache
+from seqserve.engine import onnx_wire
+from seqserve.engine.device import RuntimeConfig
+from seqserve.engine.device_cache import DeviceInPlaceCache, buckets
+from seqserve.engine.engine import Engine
+from seqserve.engine.inplace_cache import InPlaceCache
 from seqserve.server.metrics import Metrics
-from seqserve.server.request import Request, SamplingParams
-from seqserve.server.runner import Runner, choose_cache
-from seqserve.server.scheduler import Scheduler, SchedulerConfig
+from seqserve.engine.request import Request, SamplingParams
+from seqserve.engine.runner import Runner, choose_cache
+from seqserve.engine.scheduler import Scheduler, SchedulerConfig
 
 CPU = RuntimeConfig(device="cpu", intra_op_threads=1)
 

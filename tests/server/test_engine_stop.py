@@ -8,12 +8,12 @@ from grpc_harness import StepGate, wait_for
 
 from seqserve.contract.tokenizer import load_tokenizer
 from seqserve.contract.tsv import heldout_pairs
-from seqserve.server.device import RuntimeConfig
-from seqserve.server.engine import Engine
+from seqserve.engine.device import RuntimeConfig
+from seqserve.engine.engine import Engine
 from seqserve.server.metrics import Metrics
-from seqserve.server.request import FinishReason, Request, SamplingParams
-from seqserve.server.runner import Runner
-from seqserve.server.scheduler import Scheduler, SchedulerConfig
+from seqserve.engine.request import FinishReason, Request, SamplingParams
+from seqserve.engine.runner import Runner
+from seqserve.engine.scheduler import Scheduler, SchedulerConfig
 
 
 class Recorder:

@@ -13,13 +13,13 @@ from grpc_harness import request, wait_for
 
 from seqserve.contract.tokenizer import load_tokenizer
 from seqserve.contract.tsv import heldout_pairs
-from seqserve.server import detokenizer, engine, running
-from seqserve.server.device import RuntimeConfig
-from seqserve.server.engine import Engine
-from seqserve.server.finish import ERROR_MESSAGE
-from seqserve.server.request import FinishReason, Request, SamplingParams
-from seqserve.server.runner import Runner
-from seqserve.server.scheduler import Scheduler, SchedulerConfig
+from seqserve.engine import detokenizer, engine, running
+from seqserve.engine.device import RuntimeConfig
+from seqserve.engine.engine import Engine
+from seqserve.engine.finish import ERROR_MESSAGE
+from seqserve.engine.request import FinishReason, Request, SamplingParams
+from seqserve.engine.runner import Runner
+from seqserve.engine.scheduler import Scheduler, SchedulerConfig
 from seqserve.v1 import seqserve_pb2 as pb
 
 POISON_SEED = 666_666  # the poisoned request's seed: every patched phase raises for it alone

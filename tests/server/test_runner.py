@@ -7,9 +7,9 @@ import pytest
 
 from seqserve.contract import names
 from seqserve.export.ort_io import cpu_session, decoder_feeds, encoder_feeds
-from seqserve.server.device import RuntimeConfig
-from seqserve.server.request import Request, SamplingParams
-from seqserve.server.runner import Runner
+from seqserve.engine.device import RuntimeConfig
+from seqserve.engine.request import Request, SamplingParams
+from seqserve.engine.runner import Runner
 
 
 class Alone:
@@ -79,8 +79,8 @@ def test_rows_joining_and_leaving_equal_each_row_alone(tiny_bundle, kv_cache):
 
 
 def test_trim_drops_leading_columns_once_half_of_the_past_is_unused():
-    from seqserve.server.device import Device
-    from seqserve.server.kv_cache import ConcatCache
+    from seqserve.engine.device import Device
+    from seqserve.engine.kv_cache import ConcatCache
 
     device = Device(RuntimeConfig(device="cpu"))
     cache = ConcatCache(device, n_layers=1, heads=1, head_dim=2)

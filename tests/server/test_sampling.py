@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from seqserve.server.request import Request, SamplingParams
-from seqserve.server.sampling import choose, sample_row
+from seqserve.engine.request import Request, SamplingParams
+from seqserve.engine.sampling import choose, sample_row
 
 EOS = 0
 NONE = np.array([], np.int64)  # no banned ids: every token of these tiny vocabularies is a real one

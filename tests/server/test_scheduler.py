@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from seqserve.server.request import FinishReason, Request, RequestStatus, SamplingParams
-from seqserve.server.scheduler import QueueFull, Scheduler, SchedulerConfig
+from seqserve.engine.request import FinishReason, Request, RequestStatus, SamplingParams
+from seqserve.engine.scheduler import QueueFull, Scheduler, SchedulerConfig
 
 
 def req(src_len: int = 4, max_new: int = 8, deadline: float | None = None) -> Request:

@@ -6,7 +6,7 @@ import dataclasses
 from google.protobuf import descriptor_pb2
 
 from seqserve import protogen
-from seqserve.server.request import SamplingParams
+from seqserve.engine.request import SamplingParams
 from seqserve.v1 import seqserve_pb2 as pb
 
 

@@ -9,12 +9,12 @@ from token_choice_bundle import Recording
 from seqserve.contract import names
 from seqserve.contract.tokenizer import load_tokenizer
 from seqserve.contract.tsv import heldout_pairs
-from seqserve.server.device import RuntimeConfig
-from seqserve.server.engine import Engine
+from seqserve.engine.device import RuntimeConfig
+from seqserve.engine.engine import Engine
 from seqserve.server.metrics import Metrics
-from seqserve.server.request import Request, SamplingParams
-from seqserve.server.scheduler import Scheduler, SchedulerConfig
-from seqserve.server.step_output import Need
+from seqserve.engine.request import Request, SamplingParams
+from seqserve.engine.scheduler import Scheduler, SchedulerConfig
+from seqserve.engine.step_output import Need
 
 CPU = RuntimeConfig(device="cpu", intra_op_threads=1)
 

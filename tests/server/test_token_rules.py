@@ -1,4 +1,4 @@
-"""server/token_rules.py: each token rule on a hand-made array against values worked out by hand, the list's order
+"""engine/token_rules.py: each token rule on a hand-made array against values worked out by hand, the list's order
 (transformers'), and a rule added to the list acting on greedy, sampled and beam rows alike."""
 from __future__ import annotations
 
@@ -16,21 +16,21 @@ from seqserve.contract import names
 from seqserve.contract.generation import GenerationDefaults
 from seqserve.contract.tokenizer import load_tokenizer
 from seqserve.contract.tsv import heldout_pairs
-from seqserve.server.device import RuntimeConfig
-from seqserve.server.engine import Engine
-from seqserve.server.request import Request, SamplingParams
-from seqserve.server.rule import Rows
-from seqserve.server.rule_bad_words import BadWords
-from seqserve.server.rule_forced_bos import ForcedBOS
-from seqserve.server.rule_forced_eos import ForcedEOS
-from seqserve.server.rule_min_new import MinNewTokens
-from seqserve.server.rule_never_sampled import NeverSampled
-from seqserve.server.rule_renormalize import Renormalize
-from seqserve.server.rule_repetition import RepetitionPenalty
-from seqserve.server.runner import Runner
-from seqserve.server.scheduler import Scheduler, SchedulerConfig
-from seqserve.server.step_output import Need
-from seqserve.server.token_rules import TokenRules
+from seqserve.engine.device import RuntimeConfig
+from seqserve.engine.engine import Engine
+from seqserve.engine.request import Request, SamplingParams
+from seqserve.engine.rule import Rows
+from seqserve.engine.rule_bad_words import BadWords
+from seqserve.engine.rule_forced_bos import ForcedBOS
+from seqserve.engine.rule_forced_eos import ForcedEOS
+from seqserve.engine.rule_min_new import MinNewTokens
+from seqserve.engine.rule_never_sampled import NeverSampled
+from seqserve.engine.rule_renormalize import Renormalize
+from seqserve.engine.rule_repetition import RepetitionPenalty
+from seqserve.engine.runner import Runner
+from seqserve.engine.scheduler import Scheduler, SchedulerConfig
+from seqserve.engine.step_output import Need
+from seqserve.engine.token_rules import TokenRules
 
 INF = np.inf
 SPECIAL = {"pad_id": 0, "bos_id": 1, "eos_id": 2, "unk_id": 3}

@@ -10,7 +10,7 @@ import onnx
 from seqserve.contract import manifest as mf
 from seqserve.contract import names
 from seqserve.export.token_choice import add_token_choice
-from seqserve.server.runner import Runner
+from seqserve.engine.runner import Runner
 
 
 def with_token_choice(bundle: Path, out: Path) -> Path:

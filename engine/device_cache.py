@@ -18,11 +18,11 @@ import numpy as np
 import onnxruntime as ort
 
 from seqserve.contract import names
-from seqserve.server.copy_graphs import CopyGraphs
-from seqserve.server.device import Device
-from seqserve.server.inplace_cache import probe_rows
-from seqserve.server.slots import Slots
-from seqserve.server.step_output import FETCHES, Need, StepOutput
+from seqserve.engine.copy_graphs import CopyGraphs
+from seqserve.engine.device import Device
+from seqserve.engine.inplace_cache import probe_rows
+from seqserve.engine.slots import Slots
+from seqserve.engine.step_output import FETCHES, Need, StepOutput
 
 
 @dataclass(frozen=True)

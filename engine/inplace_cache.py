@@ -15,9 +15,9 @@ import numpy as np
 import onnxruntime as ort
 
 from seqserve.contract import names
-from seqserve.server.device import Device
-from seqserve.server.slots import Slots
-from seqserve.server.step_output import FETCHES, Need, StepOutput
+from seqserve.engine.device import Device
+from seqserve.engine.slots import Slots
+from seqserve.engine.step_output import FETCHES, Need, StepOutput
 
 
 class InPlaceCache:

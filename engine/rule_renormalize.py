@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from seqserve.server.rule import Rows
+from seqserve.engine.rule import Rows
 
 
 def log_softmax(x: np.ndarray) -> np.ndarray:

@@ -2,7 +2,7 @@
 
 Its text stream (streams and stop strings), the pieces not yet sent, whether it samples, and its log-probabilities.
 A request enters when it joins the batch and leaves with one `pop`: nothing is kept in step by hand. Beam requests'
-state is the beam component's (server/beam.py).
+state is the beam component's (engine/beam.py).
 """
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from seqserve.server.beam import top_alternatives
-from seqserve.server.detokenizer import TextStream
-from seqserve.server.request import FinishReason, Request, Sequence, TokenLogprob
+from seqserve.engine.beam import top_alternatives
+from seqserve.engine.detokenizer import TextStream
+from seqserve.engine.request import FinishReason, Request, Sequence, TokenLogprob
 
 
 @dataclass(eq=False)

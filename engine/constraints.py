@@ -1,15 +1,15 @@
 """The model's token rules from its generation_config.json, as a value (bad words, forced BOS/EOS, renormalisation,
 rows with their own first token). The rules themselves are classes in server/rule_*.py, kept in their one order by
-server/token_rules.py; `apply` here runs the model's rules of that list on scores (a shortcut for tests and tools)."""
+engine/token_rules.py; `apply` here runs the model's rules of that list on scores (a shortcut for tests and tools)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import numpy as np
 
-from seqserve.server.rule import Rows
-from seqserve.server.rule_never_sampled import NeverSampled
-from seqserve.server.token_rules import TokenRules
+from seqserve.engine.rule import Rows
+from seqserve.engine.rule_never_sampled import NeverSampled
+from seqserve.engine.token_rules import TokenRules
 
 
 @dataclass(frozen=True)

@@ -18,14 +18,14 @@ from collections.abc import Callable, Iterable
 
 import numpy as np
 
-from seqserve.server import finish
+from seqserve.engine import finish
 from seqserve.server.metrics import Metrics, ModelMetrics
-from seqserve.server.request import FinishReason, Request, RequestStatus
-from seqserve.server.runner import Runner
-from seqserve.server.scheduler import Plan, Scheduler
-from seqserve.server.step_output import Need, StepOutput
+from seqserve.engine.request import FinishReason, Request, RequestStatus
+from seqserve.engine.runner import Runner
+from seqserve.engine.scheduler import Plan, Scheduler
+from seqserve.engine.step_output import Need, StepOutput
 
-log = logging.getLogger("seqserve.server.engine")
+log = logging.getLogger("seqserve.engine.engine")
 
 
 class Stepping(abc.ABC):

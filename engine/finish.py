@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from seqserve.server.request import FinishReason, Request
+from seqserve.engine.request import FinishReason, Request
 
 ERROR_MESSAGE = "inference failed for this request; the server log has the details"
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from seqserve.server.request import Request
+from seqserve.engine.request import Request
 
 
 class Slots:

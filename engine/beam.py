@@ -28,11 +28,11 @@ import numpy as np
 
 from seqserve.contract import names
 from seqserve.contract.scoring import score
-from seqserve.server.request import FinishReason, Request, Sequence, TokenLogprob
-from seqserve.server.rule import Rows
-from seqserve.server.runner import Runner
-from seqserve.server.step_output import StepOutput
-from seqserve.server.token_rules import TokenRules
+from seqserve.engine.request import FinishReason, Request, Sequence, TokenLogprob
+from seqserve.engine.rule import Rows
+from seqserve.engine.runner import Runner
+from seqserve.engine.step_output import StepOutput
+from seqserve.engine.token_rules import TokenRules
 
 CANDIDATES_PER_BEAM = 2  # HF keeps 2 x num_beams candidates (one end token)
 
@@ -84,7 +84,7 @@ class Beams:
     def __init__(self, runner: Runner, detokenize: Callable[[list[int]], str], eos_id: int,
                  rules: TokenRules | None = None) -> None:
         self.runner, self.detokenize, self.eos_id = runner, detokenize, eos_id
-        self.rules = rules or TokenRules.for_request(eos_id)  # server/token_rules.py: the model's list
+        self.rules = rules or TokenRules.for_request(eos_id)  # engine/token_rules.py: the model's list
         slots = runner.slots
         capacity, max_new = slots.capacity, slots.ids.shape[1] - 1
         # Per-row state (C, ...): the slot map moves it with its row and clears it when the row is freed.

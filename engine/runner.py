@@ -13,13 +13,13 @@ import numpy as np
 
 from seqserve.contract import names
 from seqserve.contract.manifest import Manifest, check_session_io, load_error, load_manifest
-from seqserve.server.device import Device, RuntimeConfig
-from seqserve.server.device_cache import DeviceCross, DeviceInPlaceCache
-from seqserve.server.inplace_cache import InPlaceCache
-from seqserve.server.kv_cache import ConcatCache
-from seqserve.server.request import Request
-from seqserve.server.slots import Slots
-from seqserve.server.step_output import Need, StepOutput
+from seqserve.engine.device import Device, RuntimeConfig
+from seqserve.engine.device_cache import DeviceCross, DeviceInPlaceCache
+from seqserve.engine.inplace_cache import InPlaceCache
+from seqserve.engine.kv_cache import ConcatCache
+from seqserve.engine.request import Request
+from seqserve.engine.slots import Slots
+from seqserve.engine.step_output import Need, StepOutput
 
 DEFAULT_CAPACITY = 256  # rows the slot map holds; the scheduler's max_batch_size must not exceed it
 

@@ -2,7 +2,7 @@
 
 Requests join and leave the running batch between any two steps. onnxruntime runs in this thread (it releases the
 GIL), so the gRPC event loop is never blocked by inference. Every per-request phase runs each request inside `_each`:
-a failure ends the requests that cause it and no other (server/stepping.py lists what each failure ends).
+a failure ends the requests that cause it and no other (engine/stepping.py lists what each failure ends).
 """
 from __future__ import annotations
 
@@ -14,19 +14,19 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from seqserve.contract.scoring import score
-from seqserve.server import finish
-from seqserve.server.beam import BeamResult, Beams
-from seqserve.server.constraints import Constraints
-from seqserve.server.detokenizer import TextStream
+from seqserve.engine import finish
+from seqserve.engine.beam import BeamResult, Beams
+from seqserve.engine.constraints import Constraints
+from seqserve.engine.detokenizer import TextStream
 from seqserve.server.metrics import Metrics, ModelMetrics
-from seqserve.server.request import FinishReason, Request
-from seqserve.server.rule import Rows
-from seqserve.server.runner import Runner
-from seqserve.server.running import Running, views
-from seqserve.server.sampling import log_softmax, sample_row
-from seqserve.server.scheduler import Plan, Scheduler
-from seqserve.server.step_output import Need, StepOutput
-from seqserve.server.stepping import Stepping
+from seqserve.engine.request import FinishReason, Request
+from seqserve.engine.rule import Rows
+from seqserve.engine.runner import Runner
+from seqserve.engine.running import Running, views
+from seqserve.engine.sampling import log_softmax, sample_row
+from seqserve.engine.scheduler import Plan, Scheduler
+from seqserve.engine.step_output import Need, StepOutput
+from seqserve.engine.stepping import Stepping
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ class Engine(Stepping):
         self.constraints = Constraints.from_generation(  # the model's token rules; a target language per row
             runner.manifest.generation, per_row_first=bool(runner.manifest.languages))
         self.banned = self.constraints.never_sampled(special)  # never sampled
-        self.rules = self.constraints.rules(special)  # server/token_rules.py: every row's token rules, in order
+        self.rules = self.constraints.rules(special)  # engine/token_rules.py: every row's token rules, in order
         self._running: dict[Request, Running] = {}  # every running greedy or sampled request's record
         self._views: tuple[list[Running], ...] | None = None  # running.views: None when a record joined or left
         self.beams = Beams(runner, lambda ids: tokenizer.decode(ids, skip_special_tokens=True), self.eos_id,
@@ -166,7 +166,7 @@ class Engine(Stepping):
             self._stream(rec, (token,), piece)
 
     def _advance_beams(self, out: StepOutput, now: float) -> int:
-        """Every beam request takes its step (server/beam.py: one vector step for them all, so a failure there is no
+        """Every beam request takes its step (engine/beam.py: one vector step for them all, so a failure there is no
         one request's and ends them all); those that ended get their result. Returns their tokens (usage)."""
         try:
             ended = self.beams.advance(out.logits if out.logits is not None else out, now)

@@ -1,6 +1,6 @@
 """The one ordered list of token rules (logits processors) every row goes through: greedy and sampled rows on their
 logits before the argmax or the draw, beam rows on their log-probabilities before the selection (as transformers'
-beam search applies its processors). A new rule is one class in its own file (server/rule.py says what one is) and
+beam search applies its processors). A new rule is one class in its own file (engine/rule.py says what one is) and
 one line in `TokenRules.for_model`.
 
 The order is transformers' (generation/utils.py `_get_logits_processor`): repetition penalty, bad words, min new
@@ -14,14 +14,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from seqserve.server.rule import Rows, TokenRule
-from seqserve.server.rule_bad_words import BadWords
-from seqserve.server.rule_forced_bos import ForcedBOS
-from seqserve.server.rule_forced_eos import ForcedEOS
-from seqserve.server.rule_min_new import MinNewTokens
-from seqserve.server.rule_never_sampled import NeverSampled
-from seqserve.server.rule_renormalize import Renormalize
-from seqserve.server.rule_repetition import RepetitionPenalty
+from seqserve.engine.rule import Rows, TokenRule
+from seqserve.engine.rule_bad_words import BadWords
+from seqserve.engine.rule_forced_bos import ForcedBOS
+from seqserve.engine.rule_forced_eos import ForcedEOS
+from seqserve.engine.rule_min_new import MinNewTokens
+from seqserve.engine.rule_never_sampled import NeverSampled
+from seqserve.engine.rule_renormalize import Renormalize
+from seqserve.engine.rule_repetition import RepetitionPenalty
 
 __all__ = ["Rows", "TokenRule", "TokenRules"]
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from seqserve.server.rule import Rows, force
+from seqserve.engine.rule import Rows, force
 
 
 @dataclass(frozen=True)

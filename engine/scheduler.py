@@ -9,35 +9,31 @@ from __future__ import annotations
 import collections
 import threading
 from dataclasses import dataclass, fields
+from typing import Any
 
-from seqserve.server import finish
-from seqserve.server.request import Request, RequestStatus
-from seqserve.server.settings import Settings
-
-
-def _setting(name: str):
-    """A setting's default, defined once in Settings (flags, environment variables and their help live there)."""
-    return next(f.default for f in fields(Settings) if f.name == name)
+from seqserve.engine import finish
+from seqserve.engine.request import Request, RequestStatus
 
 
 @dataclass(frozen=True)
 class SchedulerConfig:
-    """The scheduler's settings: Settings' fields of the same names (from_settings), plus one the model gives."""
+    """The scheduler's settings; the server's Settings take their defaults from here (from_settings copies them back by
+    name), plus one the model gives."""
 
-    max_batch_size: int = _setting("max_batch_size")  # rows in one decoder step
-    max_waiting: int = _setting("max_waiting")  # queued requests beyond which new ones get RESOURCE_EXHAUSTED
+    max_batch_size: int = 32  # rows in one decoder step
+    max_waiting: int = 256  # queued requests beyond which new ones get RESOURCE_EXHAUSTED
     # Cache budget in token slots (per layer and K/V; bytes = slots x 2 x layers x d_model x 4). The cache is padded,
     # so admission bounds its worst case: rows x (longest source + largest max_new_tokens); a running row can then
     # never be evicted for lack of cache.
-    max_kv_tokens: int = _setting("max_kv_tokens")
+    max_kv_tokens: int = 65_536
     # Encode-ahead: when a joining request has no encoder output yet, the encoder also takes up to this many waiting
     # requests behind it, so under load it runs once per batch of arrivals instead of once per step on 1-2 rows.
-    encode_batch: int = _setting("encode_batch")
-    max_encoded_bytes: int = _setting("max_encoded_bytes")  # cross K/V held for waiting requests (encode-ahead)
+    encode_batch: int = 64
+    max_encoded_bytes: int = 64 * 2**20  # cross K/V held for waiting requests (encode-ahead)
     cross_bytes_per_token: int = 0  # set from the model by the app: K and V bytes of one source token, all layers
 
     @classmethod
-    def from_settings(cls, settings: Settings, cross_bytes_per_token: int) -> SchedulerConfig:
+    def from_settings(cls, settings: Any, cross_bytes_per_token: int) -> SchedulerConfig:
         """Every field but cross_bytes_per_token taken by name from the server's settings."""
         named = {f.name: getattr(settings, f.name) for f in fields(cls) if f.name != "cross_bytes_per_token"}
         return cls(**named, cross_bytes_per_token=cross_bytes_per_token)

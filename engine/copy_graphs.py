@@ -8,8 +8,8 @@ from __future__ import annotations
 import numpy as np
 import onnxruntime as ort
 
-from seqserve.server import onnx_wire as w
-from seqserve.server.device import Device
+from seqserve.engine import onnx_wire as w
+from seqserve.engine.device import Device
 
 _END, _PADS, _ZERO, _AXIS, _SRC, _DST = "end", "pads", "zero", "axis", "src", "dst"
 

@@ -1,4 +1,4 @@
-"""Next-token choice for sampled rows: the token rules (server/token_rules.py) on a float64 copy of the row's logits,
+"""Next-token choice for sampled rows: the token rules (engine/token_rules.py) on a float64 copy of the row's logits,
 then temperature, top-k and top-p, and one draw. Greedy rows are one argmax over the batch (the engine's).
 
 Each request draws from its own seeded generator, exactly one number per sampled step, so a seeded request gives the
@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from seqserve.server.request import Request
-from seqserve.server.rule import Rows
-from seqserve.server.rule_min_new import MinNewTokens
-from seqserve.server.rule_renormalize import log_softmax
-from seqserve.server.token_rules import TokenRules
+from seqserve.engine.request import Request
+from seqserve.engine.rule import Rows
+from seqserve.engine.rule_min_new import MinNewTokens
+from seqserve.engine.rule_renormalize import log_softmax
+from seqserve.engine.token_rules import TokenRules
 
 __all__ = ["choose", "log_softmax", "sample_row"]
 

@@ -17,9 +17,9 @@ from __future__ import annotations
 import numpy as np
 
 from seqserve.contract import names
-from seqserve.server.device import Device
-from seqserve.server.slots import Slots
-from seqserve.server.step_output import Need, StepOutput
+from seqserve.engine.device import Device
+from seqserve.engine.slots import Slots
+from seqserve.engine.step_output import Need, StepOutput
 
 MIN_TRIM = 8  # leading unused past columns worth a copy of the past (trimming is amortised: only when half is unused)
 
