@@ -18,13 +18,13 @@ from seqserve.checks.table import Check
 from seqserve.contract import names
 from seqserve.contract.manifest import load_manifest
 from seqserve.contract.tsv import heldout_pairs
+from seqserve.engine.device import RuntimeConfig
+from seqserve.engine.runner import Runner
 from seqserve.export import ort_io
 from seqserve.model.checkpoint import load_checkpoint
 from seqserve.model.config import ModelConfig
 from seqserve.model.decoding import apply_generation_rules, greedy_decode, pad_batch
-from seqserve.engine.device import RuntimeConfig
 from seqserve.server.model_defaults import default_max_new_tokens
-from seqserve.engine.runner import Runner
 
 PARITY_N = 256  # held-out lines compared with PyTorch
 # Sources for a bundle without a held-out split (an imported model): scripts, digits, odd whitespace, one letter.

@@ -18,12 +18,12 @@ from seqserve.contract import names
 from seqserve.contract.manifest import Manifest, load_manifest
 from seqserve.contract.tokenizer import load_tokenizer
 from seqserve.contract.tsv import HELDOUT, heldout_pairs
-from seqserve.export import variants as vr
 from seqserve.engine.device import RuntimeConfig
 from seqserve.engine.engine import Engine
 from seqserve.engine.request import FinishReason, Request, SamplingParams
 from seqserve.engine.runner import Runner
 from seqserve.engine.scheduler import Scheduler, SchedulerConfig
+from seqserve.export import variants as vr
 
 QUALITY_N = 500  # the first lines of the held-out split: a fixed evaluation set that keeps export quick
 MAX_EXACT_MATCH_DROP = 1.0  # points of exact match a variant may lose against fp32 before it is reported loudly

@@ -16,10 +16,9 @@ from seqserve.checks.table import Check
 from seqserve.contract import names
 from seqserve.contract.manifest import MANIFEST, BundleError, Manifest, listed_files, load_manifest, sha256_of
 from seqserve.contract.verified import VERIFIED, is_verified  # noqa: F401 (is_verified: deploy/bundle.sh)
-from seqserve.export import ort_io
 from seqserve.engine.device import RuntimeConfig
 from seqserve.engine.runner import Runner
-
+from seqserve.export import ort_io
 
 
 def verify(bundle: str | Path, quality_n: int = QUALITY_N, progress: bool = True,

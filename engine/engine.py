@@ -18,7 +18,6 @@ from seqserve.engine import finish
 from seqserve.engine.beam import BeamResult, Beams
 from seqserve.engine.constraints import Constraints
 from seqserve.engine.detokenizer import TextStream
-from seqserve.server.metrics import Metrics, ModelMetrics
 from seqserve.engine.request import FinishReason, Request
 from seqserve.engine.rule import Rows
 from seqserve.engine.runner import Runner
@@ -32,10 +31,8 @@ log = logging.getLogger(__name__)
 
 
 class Engine(Stepping):
-    def __init__(self, runner: Runner, tokenizer: Tokenizer, scheduler: Scheduler,
-                 metrics: Metrics | ModelMetrics | None = None,
-                 stream_interval: int = 1):
-        super().__init__(runner, scheduler, metrics or Metrics())
+    def __init__(self, runner: Runner, tokenizer: Tokenizer, scheduler: Scheduler, stream_interval: int = 1):
+        super().__init__(runner, scheduler)
         self.tokenizer = tokenizer
         self.stream_interval = stream_interval  # a stream's message carries this many tokens (the last one fewer)
         special = runner.manifest.special_tokens
@@ -52,7 +49,6 @@ class Engine(Stepping):
     def submit(self, request: Request) -> None:
         """Queues a request (raises QueueFull when the waiting queue is at its limit) and wakes the loop."""
         self.scheduler.add(request)
-        self.metrics.input_tokens.inc(request.n_input_tokens)
         with self._wake:
             self._wake.notify()
 
@@ -149,7 +145,7 @@ class Engine(Stepping):
         if ended:
             self._each(ended, lambda rec: self._end(rec, finish.REASONS[int(codes[rec.slot])], now))
         generated = int(appended.sum()) + self._advance_beams(out, now)
-        self.metrics.generated_tokens.inc(generated)  # EOS is not returned, so not counted: equals usage
+        self.stats.generated_tokens += generated  # EOS is not returned, so not counted: equals usage
         self._tick(now)
 
     def _sample(self, rec: Running, logits: np.ndarray, chosen: np.ndarray) -> None:

@@ -19,20 +19,20 @@ from collections.abc import Callable, Iterable
 import numpy as np
 
 from seqserve.engine import finish
-from seqserve.server.metrics import Metrics, ModelMetrics
 from seqserve.engine.request import FinishReason, Request, RequestStatus
 from seqserve.engine.runner import Runner
 from seqserve.engine.scheduler import Plan, Scheduler
+from seqserve.engine.stats import Stats
 from seqserve.engine.step_output import Need, StepOutput
 
 log = logging.getLogger("seqserve.engine.engine")
 
 
 class Stepping(abc.ABC):
-    def __init__(self, runner: Runner, scheduler: Scheduler, metrics: Metrics | ModelMetrics) -> None:
+    def __init__(self, runner: Runner, scheduler: Scheduler) -> None:
         self.runner, self.scheduler = runner, scheduler
-        # an offline engine (verify, bench) is given the whole Metrics: its model label is then ""
-        self.metrics = metrics if isinstance(metrics, ModelMetrics) else metrics.for_model("")
+        self.stats = Stats()  # this step's figures, plain numbers: taken by whoever reports the step (core.py)
+        self.on_step: Callable[[], None] | None = None  # called on the engine thread at the end of every step
         self._sinks: set = set()  # sinks that got events this step: flushed once at its end
         self._ended_waiting: list[Request] = []  # waiting requests this engine ended (their encoder failed)
         self._ended: list[Request] = []  # running requests ended this step: the next schedule retires them
@@ -80,8 +80,10 @@ class Stepping(abc.ABC):
             ended = [r for r in [*self.scheduler.waiting, *self.scheduler.running] if not r.done]
             self.scheduler.drain(FinishReason.CANCELLED, time.monotonic())
             for r in ended:
-                self.metrics.finished.labels(r.finish_reason.value).inc()
+                self.stats.finished.append(r.finish_reason.value)
                 r.sink.flush()
+            if self.on_step is not None:
+                self.on_step()
         finally:
             self._drained.set()
 
@@ -126,7 +128,7 @@ class Stepping(abc.ABC):
 
     def _encode(self, requests: list[Request]) -> None:
         try:
-            self.metrics.encoder_duration.observe(self.runner.encode(requests))
+            self.stats.encoder_seconds.append(self.runner.encode(requests))
         except Exception:
             log.exception("encoder failed for %d sources; isolating the cause", len(requests))
             for r in requests:
@@ -155,8 +157,8 @@ class Stepping(abc.ABC):
                 log.exception("decoder step failed again without the failing rows")
                 self._fail(self._live())
                 return None
-        self.metrics.decoder_step_duration.observe(time.perf_counter() - start)
-        self.metrics.batch_rows.observe(self.runner.slots.n_live)
+        self.stats.decoder_seconds.append(time.perf_counter() - start)
+        self.stats.batch_rows.append(self.runner.slots.n_live)
         return logits
 
     def _culprits(self, rows: list[int]) -> list[int]:
@@ -184,13 +186,13 @@ class Stepping(abc.ABC):
         """The requests admitted this step produced their first token now."""
         for r in self._fresh:
             r.first_token_at = now
-            self.metrics.queue_duration.observe(r.scheduled_at - r.arrival)
-            self.metrics.time_to_first_token.observe(now - r.arrival)
+            self.stats.queue_seconds.append(r.scheduled_at - r.arrival)
+            self.stats.first_token_seconds.append(now - r.arrival)
         self._fresh = []
 
     def _tick(self, now: float) -> None:
         if self._last_step_at is not None:
-            self.metrics.inter_token_latency.observe(now - self._last_step_at)  # once per step: rows share it
+            self.stats.inter_token_seconds.append(now - self._last_step_at)  # once per step: rows share it
         self._last_step_at = now
 
     def _emit(self, plan: Plan) -> None:
@@ -198,16 +200,14 @@ class Stepping(abc.ABC):
         sink hands its events on (so a client that has its answer finds it counted, and its rows freed)."""
         self.runner.retire(self._ended)  # the next schedule retires them from the scheduler (the runner: a no-op)
         for r in [*self._ended, *plan.abandoned, *plan.dropped, *self._ended_waiting]:
-            self.metrics.finished.labels(r.finish_reason.value).inc()
+            self.stats.finished.append(r.finish_reason.value)
             self._sinks.add(r.sink)
         self._ended_waiting.clear()
-        gauges = (self.runner.slots.n_live, self.scheduler.n_waiting, self.runner.nbytes)
-        if gauges != self.gauges:
-            for gauge, value in zip((self.metrics.running, self.metrics.waiting, self.metrics.kv_cache_bytes), gauges):
-                gauge.set(value)
-            self.gauges = gauges
+        self.gauges = (self.runner.slots.n_live, self.scheduler.n_waiting, self.runner.nbytes)
         if not self.runner.slots.n_live:
             self._last_step_at = None  # an idle gap is not an inter-token latency
         for sink in self._sinks:
             sink.flush()
         self._sinks.clear()
+        if self.on_step is not None:
+            self.on_step()

@@ -191,7 +191,6 @@ def _engine(spec: RowSpec, work: Workload) -> Loaded:
     from seqserve.contract.manifest import load_manifest
     from seqserve.contract.tokenizer import load_tokenizer
     from seqserve.engine.engine import Engine
-    from seqserve.server.metrics import Metrics
     from seqserve.engine.request import Request, SamplingParams
     from seqserve.engine.runner import Runner
     from seqserve.engine.scheduler import Scheduler, SchedulerConfig
@@ -206,7 +205,7 @@ def _engine(spec: RowSpec, work: Workload) -> Loaded:
         scheduler = Scheduler(SchedulerConfig(max_batch_size=rows, max_waiting=len(sources),
                                               max_kv_tokens=max(SchedulerConfig.max_kv_tokens, need),
                                               cross_bytes_per_token=runner.cross_bytes_per_token))
-        engine = Engine(runner, tokenizer, scheduler, Metrics())
+        engine = Engine(runner, tokenizer, scheduler)
         params = SamplingParams(max_new_tokens=max_new_tokens, min_new_tokens=work.min_new(max_new_tokens),
                                 num_beams=spec.num_beams,
                                 early_stopping=BEAM_EARLY_STOPPING if spec.num_beams > 1 else False)

@@ -20,7 +20,6 @@ from seqserve.contract.tokenizer import load_tokenizer
 from seqserve.contract.tsv import heldout_pairs
 from seqserve.engine.device import RuntimeConfig
 from seqserve.engine.engine import Engine
-from seqserve.server.metrics import Metrics
 from seqserve.engine.request import Request, SamplingParams
 from seqserve.engine.runner import Runner
 from seqserve.engine.scheduler import Scheduler, SchedulerConfig
@@ -83,7 +82,7 @@ def profile(bundle: str, n: int, batch_size: int, max_new: int, threads: int, kv
         scheduler = Scheduler(SchedulerConfig(max_batch_size=rows, max_waiting=len(sources),
                                               max_kv_tokens=1 << 30,
                                               cross_bytes_per_token=runner.cross_bytes_per_token))
-        engine = Engine(runner, tokenizer, scheduler, Metrics())
+        engine = Engine(runner, tokenizer, scheduler)
         params = SamplingParams(max_new_tokens=max_new, min_new_tokens=min_new, num_beams=num_beams,
                                 early_stopping=num_beams > 1)
         return engine.generate([Request(s, params) for s in sources])

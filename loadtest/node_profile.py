@@ -21,7 +21,6 @@ from seqserve.contract.tokenizer import load_tokenizer
 from seqserve.contract.tsv import heldout_pairs
 from seqserve.engine.device import RuntimeConfig
 from seqserve.engine.engine import Engine
-from seqserve.server.metrics import Metrics
 from seqserve.engine.request import Request, SamplingParams
 from seqserve.engine.runner import Runner
 from seqserve.engine.scheduler import Scheduler, SchedulerConfig
@@ -46,7 +45,7 @@ def profile(bundle: str, variant: str, n: int, batch_size: int, max_new: int, mi
                                               cross_bytes_per_token=runner.cross_bytes_per_token))
         params = SamplingParams(max_new_tokens=max_new, min_new_tokens=min_new, num_beams=num_beams,
                                 early_stopping=num_beams > 1)
-        Engine(runner, tokenizer, scheduler, Metrics()).generate([Request(s, params) for s in sources])
+        Engine(runner, tokenizer, scheduler).generate([Request(s, params) for s in sources])
         events = json.loads(Path(runner.decoder.end_profiling()).read_text())
     per_op: dict[str, float] = defaultdict(float)
     for e in events:

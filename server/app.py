@@ -20,10 +20,11 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
 
+from seqserve.engine.engine import Engine
+from seqserve.engine.runner import Runner
 from seqserve.server import signals
 from seqserve.server.auth import TokenAuth
 from seqserve.server.edge import Edge
-from seqserve.engine.engine import Engine
 from seqserve.server.handlers import add_refusing
 from seqserve.server.health import Health
 from seqserve.server.loading import Loaded, load_model, model_info
@@ -31,7 +32,6 @@ from seqserve.server.metrics import Metrics
 from seqserve.server.metrics_http import MetricsEndpoint
 from seqserve.server.model_defaults import request_defaults
 from seqserve.server.repository import Source, read_models, scan, split_threads
-from seqserve.engine.runner import Runner
 from seqserve.server.served_model import ServedModel
 from seqserve.server.service import SERVICE_NAME, GenerationService
 from seqserve.server.settings import Settings, SettingsError, env_name

@@ -10,8 +10,8 @@ import time
 
 import grpc
 
-from seqserve.server.metrics import Metrics
 from seqserve.engine.request import Request
+from seqserve.server.metrics import Metrics
 
 # The client's deadline runs out a little before the server's (the server's clock starts when the call arrives), so a
 # call cancelled this close to its deadline was ended by the deadline: it counts, and ends its rows, as DEADLINE.

@@ -9,12 +9,12 @@ import onnxruntime as ort
 from seqserve.contract.integrity import check_graphs, open_bundle
 from seqserve.engine.device import RuntimeConfig
 from seqserve.engine.engine import Engine
-from seqserve.server.metrics import Metrics
-from seqserve.server.model_defaults import default_max_new_tokens, info_entries
-from seqserve.server.repository import Source, memory_bytes
 from seqserve.engine.request import Request, SamplingParams
 from seqserve.engine.runner import Runner
 from seqserve.engine.scheduler import Scheduler, SchedulerConfig
+from seqserve.server.metrics import Metrics
+from seqserve.server.model_defaults import default_max_new_tokens, info_entries
+from seqserve.server.repository import Source, memory_bytes
 from seqserve.server.settings import Settings, SettingsError, env_name
 
 WARMUP_TEXT = "warm up"

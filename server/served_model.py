@@ -8,10 +8,10 @@ from __future__ import annotations
 import asyncio
 
 from seqserve.contract.languages import Languages
+from seqserve.engine.request import SamplingParams
 from seqserve.server.inflight import Call
 from seqserve.server.metrics import ModelMetrics
 from seqserve.server.outbox import Outbox
-from seqserve.engine.request import SamplingParams
 from seqserve.server.settings import Limits
 
 

@@ -17,16 +17,16 @@ import time
 import grpc
 
 from seqserve.contract.languages import Languages
+from seqserve.engine.finish import ERROR_MESSAGE
+from seqserve.engine.request import FinishReason, Request, Result, SamplingParams
+from seqserve.engine.scheduler import QueueFull
 from seqserve.server import options
 from seqserve.server.echo import listed, quoted
-from seqserve.engine.finish import ERROR_MESSAGE
 from seqserve.server.handlers import Undecodable, add_generation_service
 from seqserve.server.inflight import Call, InFlight
 from seqserve.server.languages import LanguageRefused, RequestLanguages, resolve
 from seqserve.server.metrics import Metrics
-from seqserve.engine.request import FinishReason, Request, Result, SamplingParams
 from seqserve.server.responses import config_value, option_ranges, response, summary
-from seqserve.engine.scheduler import QueueFull
 from seqserve.server.served_model import ServedModel
 from seqserve.server.settings import Limits
 from seqserve.v1 import seqserve_pb2 as pb

@@ -9,6 +9,7 @@ from safetensors.torch import load_file, save_file
 from seqserve.cli.main import main
 from seqserve.contract import names
 
+
 def test_verify_with_checkpoint_passes_and_prints_the_table(full_bundle, tiny_checkpoint, capsys):
     assert main(["verify", str(full_bundle), "--checkpoint", str(tiny_checkpoint), "--quiet"]) == 0
     out = capsys.readouterr().out

@@ -5,10 +5,10 @@ from __future__ import annotations
 from seqserve.checks.quality import CPU, generate
 from seqserve.contract.manifest import load_manifest
 from seqserve.contract.tsv import heldout_pairs
-from seqserve.model.checkpoint import load_checkpoint
-from seqserve.model.decoding import greedy_decode
 from seqserve.engine.request import FinishReason
 from seqserve.engine.runner import Runner
+from seqserve.model.checkpoint import load_checkpoint
+from seqserve.model.decoding import greedy_decode
 
 
 def test_engine_greedy_equals_pytorch_greedy_on_heldout(tiny_checkpoint, tiny_bundle):

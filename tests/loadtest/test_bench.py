@@ -152,10 +152,10 @@ def test_each_device_benchmarks_its_own_precisions():
 
 
 def test_step_profile_times_every_operation_and_leaves_the_runner_empty(tiny_bundle, capsys):
-    from seqserve.loadtest.step_profile import main as step_profile
-    from seqserve.loadtest.step_profile import profile
     from seqserve.engine.device import RuntimeConfig
     from seqserve.engine.runner import Runner
+    from seqserve.loadtest.step_profile import main as step_profile
+    from seqserve.loadtest.step_profile import profile
 
     runner = Runner(tiny_bundle, RuntimeConfig(device="cpu", intra_op_threads=1))
     ms = profile(runner, 3)

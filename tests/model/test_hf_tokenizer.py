@@ -21,9 +21,9 @@ pytest.importorskip("sentencepiece")
 from tokenizers import Tokenizer
 
 from seqserve.contract.tokenizer import as_text_only
+from seqserve.engine.detokenizer import TextStream
 from seqserve.model import hf_tokenizer
 from seqserve.model.hf_tokenizer import TokenizerImportError
-from seqserve.engine.detokenizer import TextStream
 
 N_RANDOM = 300  # random id sequences (a random-weight model's output looks like this), besides real target texts
 

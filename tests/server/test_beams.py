@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 import torch
 
-from seqserve.model.beam import BeamOptions, SourceBeams
 from seqserve.engine.beam import Beams
 from seqserve.engine.device import RuntimeConfig
 from seqserve.engine.request import Request, SamplingParams
 from seqserve.engine.runner import Runner
 from seqserve.engine.sampling import log_softmax
+from seqserve.model.beam import BeamOptions, SourceBeams
 
 LEVELS = np.array([0.0, -0.5, -1.0, -1.5, -2.0, -4.0], np.float32)  # few values: ties everywhere, at any rank
 

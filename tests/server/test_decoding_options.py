@@ -11,8 +11,8 @@ from grpc_harness import request
 
 from seqserve.client.client import Client
 from seqserve.contract.decoding import FLOAT_RANGES
-from seqserve.server.options import InvalidOption, sampling_params
 from seqserve.engine.request import SamplingParams
+from seqserve.server.options import InvalidOption, sampling_params
 from seqserve.server.settings import Limits
 from seqserve.v1 import seqserve_pb2 as pb
 

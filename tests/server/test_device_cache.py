@@ -14,10 +14,10 @@ from seqserve.engine.device import RuntimeConfig
 from seqserve.engine.device_cache import DeviceInPlaceCache, buckets
 from seqserve.engine.engine import Engine
 from seqserve.engine.inplace_cache import InPlaceCache
-from seqserve.server.metrics import Metrics
 from seqserve.engine.request import Request, SamplingParams
 from seqserve.engine.runner import Runner, choose_cache
 from seqserve.engine.scheduler import Scheduler, SchedulerConfig
+from seqserve.server.metrics import Metrics
 
 CPU = RuntimeConfig(device="cpu", intra_op_threads=1)
 

@@ -10,7 +10,6 @@ from seqserve.contract.tokenizer import load_tokenizer
 from seqserve.contract.tsv import heldout_pairs
 from seqserve.engine.device import RuntimeConfig
 from seqserve.engine.engine import Engine
-from seqserve.server.metrics import Metrics
 from seqserve.engine.request import FinishReason, Request, SamplingParams
 from seqserve.engine.runner import Runner
 from seqserve.engine.scheduler import Scheduler, SchedulerConfig
@@ -38,8 +37,7 @@ def test_a_stop_that_outwaits_its_patience_leaves_the_requests_to_the_engine_thr
     tok = load_tokenizer(tiny_bundle / "tokenizer.json")
     runner = Runner(tiny_bundle, RuntimeConfig(device="cpu", intra_op_threads=1), capacity=4)
     engine = Engine(runner, tok, Scheduler(SchedulerConfig(max_batch_size=2,
-                                                           cross_bytes_per_token=runner.cross_bytes_per_token)),
-                    Metrics())
+                                                           cross_bytes_per_token=runner.cross_bytes_per_token)))
     gate = StepGate(engine)
     gate.close()
     engine.start()
@@ -62,4 +60,4 @@ def test_a_stop_that_outwaits_its_patience_leaves_the_requests_to_the_engine_thr
     assert set(sink.ends.values()) == {1}  # each request ended exactly once
     assert set(sink.enders.values()) == {"seqserve-engine"}  # and by the engine thread
     assert set(sink.reasons.values()) == {FinishReason.CANCELLED}
-    assert engine.metrics.finished.labels("cancelled")._value.get() == len(requests)  # counted once each
+    assert engine.stats.finished.count("cancelled") == len(requests)  # counted once each

@@ -10,9 +10,9 @@ import sys
 
 import grpc
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 from fixture_builds import THREADS
 from grpc_harness import request
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from seqserve.client.client import Client
 from seqserve.contract.manifest import MANIFEST, load_manifest, sha256_of

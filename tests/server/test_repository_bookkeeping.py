@@ -9,8 +9,8 @@ import urllib.request
 
 import grpc
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_harness import StepGate, wait_for
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
 from seqserve.contract.manifest import DIGEST, MANIFEST, sha256_of

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 
 from seqserve.contract import names
-from seqserve.export.ort_io import cpu_session, decoder_feeds, encoder_feeds
 from seqserve.engine.device import RuntimeConfig
 from seqserve.engine.request import Request, SamplingParams
 from seqserve.engine.runner import Runner
+from seqserve.export.ort_io import cpu_session, decoder_feeds, encoder_feeds
 
 
 class Alone:

@@ -11,10 +11,10 @@ from seqserve.contract.tokenizer import load_tokenizer
 from seqserve.contract.tsv import heldout_pairs
 from seqserve.engine.device import RuntimeConfig
 from seqserve.engine.engine import Engine
-from seqserve.server.metrics import Metrics
 from seqserve.engine.request import Request, SamplingParams
 from seqserve.engine.scheduler import Scheduler, SchedulerConfig
 from seqserve.engine.step_output import Need
+from seqserve.server.metrics import Metrics
 
 CPU = RuntimeConfig(device="cpu", intra_op_threads=1)
 

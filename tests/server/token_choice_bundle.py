@@ -9,8 +9,8 @@ import onnx
 
 from seqserve.contract import manifest as mf
 from seqserve.contract import names
-from seqserve.export.token_choice import add_token_choice
 from seqserve.engine.runner import Runner
+from seqserve.export.token_choice import add_token_choice
 
 
 def with_token_choice(bundle: Path, out: Path) -> Path:

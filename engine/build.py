@@ -1,0 +1,64 @@
+"""Building a served engine from a bundle: runner, scheduler, engine, one warm-up, behind the narrow interface.
+
+EngineConfig is everything the engine takes, by value: the edge makes it from its settings, and an engine process
+(engine/process.py) receives it whole.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import onnxruntime as ort
+
+from seqserve.contract.integrity import open_bundle
+from seqserve.engine.api import EngineInfo
+from seqserve.engine.core import EngineCore
+from seqserve.engine.device import RuntimeConfig
+from seqserve.engine.engine import Engine
+from seqserve.engine.request import Request, SamplingParams
+from seqserve.engine.runner import Runner
+from seqserve.engine.scheduler import Scheduler, SchedulerConfig
+
+WARMUP_TEXT = "warm up"
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    bundle: Path
+    variant: str = "fp32"
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    kv_cache: str = "auto"
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)  # cross_bytes_per_token: set from the model
+    stream_interval: int = 1  # a stream's output carries this many tokens (the last one fewer)
+
+
+def build(cfg: EngineConfig, tokenizer=None) -> EngineCore:
+    """The engine of one bundle, warmed up, not started. tokenizer: the bundle's, if the caller has it loaded."""
+    tokenizer = tokenizer or open_bundle(cfg.bundle)[1]
+    runner = Runner(cfg.bundle, cfg.runtime, cfg.variant, capacity=cfg.scheduler.max_batch_size, kv_cache=cfg.kv_cache)
+    scheduler = Scheduler(replace(cfg.scheduler, cross_bytes_per_token=runner.cross_bytes_per_token))
+    engine = Engine(runner, tokenizer, scheduler, stream_interval=cfg.stream_interval)
+    warm_up(engine, tokenizer)
+    return EngineCore(engine, info(runner, engine, cfg.scheduler.max_waiting))
+
+
+def warm_up(engine: Engine, tokenizer) -> None:
+    """One short generation before serving, so the first client does not pay for onnxruntime's first run (its
+    figures are taken with it: warm-up is not traffic)."""
+    request = Request(tokenizer.encode(WARMUP_TEXT).ids, SamplingParams(max_new_tokens=2))
+    engine.generate([request])
+    engine.stats.take(0, 0, 0)
+    if request.error is not None:
+        raise RuntimeError(f"warm-up generation failed: {request.error}")
+
+
+def info(runner: Runner, engine: Engine, max_waiting: int) -> EngineInfo:
+    manifest = runner.manifest
+    quality = manifest.variants[runner.variant].get("quality", {})
+    model_info = dict(config=dict(manifest.model), bundle_format_version=manifest.format_version,
+                      variant=runner.variant, execution_provider=runner.provider,
+                      onnxruntime_version=ort.__version__,
+                      quality={k: float(v) for k, v in quality.items() if isinstance(v, (int, float))})
+    return EngineInfo(max_waiting=max_waiting, forced_eos=engine.constraints.forced_eos is not None,
+                      languages=manifest.languages or None, model_info=model_info, provider=runner.provider,
+                      variant=runner.variant)

@@ -1,0 +1,76 @@
+"""The engine behind its narrow interface (api.EngineClient), in the edge's own process: a thread steps it.
+
+The edge hands in EngineRequests and gets one StepReport per step through the one callback it gave start(): outputs and
+figures by value, never a Request. engine/process.py serves the same interface from a process of its own.
+"""
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+
+from seqserve.engine.api import Deliver, EngineInfo, EngineRequest, Output, QueueFull, StepReport
+from seqserve.engine.engine import Engine
+from seqserve.engine.request import Event, Request
+
+
+class _Outputs:
+    """The Sink every request of this core shares: a step's events become Outputs, handed back once per step."""
+
+    def __init__(self) -> None:
+        self.pending: list[Output] = []
+
+    def put(self, request: Request, event: Event) -> None:
+        self.pending.append(Output(request.id, event.token_ids, event.text, event.result))
+
+    def flush(self) -> None:  # the core reports once per step (Engine.on_step), outputs and figures together
+        pass
+
+
+class EngineCore:
+    def __init__(self, engine: Engine, info: EngineInfo) -> None:
+        self.engine, self.info = engine, info
+        self._outputs = _Outputs()
+        self._held: dict[int, Request] = {}  # requests added and not yet ended, by the edge's id
+        self._lock = threading.Lock()  # add and abort come from the edge's thread, the step from the engine's
+        self._deliver: Deliver | None = None
+        engine.on_step = self._report
+
+    def start(self, deliver: Deliver) -> None:
+        self._deliver = deliver
+        self.engine.start()
+
+    def add(self, requests: Sequence[EngineRequest]) -> None:
+        made = [Request(list(r.input_ids), r.params, sink=self._outputs, stream=r.stream, deadline=r.deadline,
+                        forced_bos=r.forced_bos, id=r.id, arrival=r.arrival) for r in requests]
+        with self._lock:
+            if len(made) > self.free():
+                raise QueueFull(f"{self.engine.scheduler.n_waiting} requests waiting "
+                                f"(max_waiting={self.info.max_waiting})")
+            for r in made:
+                self._held[r.id] = r
+                self.engine.submit(r)
+
+    def free(self) -> int:
+        """Requests the waiting queue takes now."""
+        return self.info.max_waiting - self.engine.scheduler.n_waiting
+
+    def abort(self, request_id: int, deadline: bool = False) -> None:
+        with self._lock:
+            r = self._held.get(request_id)
+        if r is not None:
+            r.cancel(deadline)
+
+    def stop(self, timeout: float = 10.0) -> bool:
+        return self.engine.stop(timeout)
+
+    def _report(self) -> None:
+        """On the engine thread, at the end of every step: its outputs and figures go back in one report."""
+        outputs, self._outputs.pending = tuple(self._outputs.pending), []
+        with self._lock:
+            for out in outputs:
+                if out.result is not None:
+                    self._held.pop(out.request_id, None)
+        running, waiting, kv = (g or 0 for g in self.engine.gauges)
+        report = StepReport(outputs, self.engine.stats.take(running, waiting, kv))
+        if self._deliver is not None:
+            self._deliver(report)
