@@ -152,10 +152,31 @@ async def _wait(barrier) -> None:
 
 
 def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of a process and all its threads so far (Linux /proc/PID/stat)."""
+    """User + system CPU seconds so far of a process and all its threads, and of its child processes still running
+    (an engine process under its front end) (Linux /proc/PID/stat)."""
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()  # after "pid (comm)": field 3 (state) is fields[0]
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime (fields 14, 15)
+    own = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime (fields 14, 15)
+    return own + sum(_child_cpu(child) for child in children(pid))
+
+
+def _child_cpu(pid: int) -> float:
+    try:
+        return cpu_seconds(pid)
+    except OSError:  # it ended meanwhile
+        return 0.0
+
+
+def children(pid: int) -> list[int]:
+    """The process's running child processes (every thread's /proc/PID/task/TID/children)."""
+    found = []
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                found += [int(c) for c in f.read().split()]
+    except OSError:  # it ended meanwhile
+        pass
+    return found
 
 
 class _Tally:

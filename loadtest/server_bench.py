@@ -65,6 +65,10 @@ class ServerBenchConfig:
     startup_timeout_s: float = 300.0
     device: str = "cpu"  # the served engine's and the offline engine's (cuda: onnxruntime's CUDA provider)
     client_processes: int | None = None  # None = DEFAULT_CLIENT_PROCESSES, at most one per usable core
+    # The engine in its own process (`serve --engine-process`) pinned to --server-core, the gRPC front end to
+    # --front-end-core (default: --client-core: with 2 cores it shares the clients' core); else both in one process.
+    engine_process: bool = False
+    front_end_core: int | None = None
     inputs: Path | None = None  # one source text per line, instead of the bundle's held-out split (an imported model)
     out: Path | None = None
     markdown: Path | None = None
@@ -78,6 +82,10 @@ class ServerBenchConfig:
             raise ValueError(f"--server-core and --client-core must be two different cores of {sorted(usable)}")
         if self.device not in DEVICES:
             raise ValueError(f"--device must be one of {DEVICES}, got {self.device!r}")
+        if self.front_end_core is None:
+            object.__setattr__(self, "front_end_core", self.client_core)
+        if self.front_end_core not in usable or (self.engine_process and self.front_end_core == self.server_core):
+            raise ValueError(f"--front-end-core must be a core of {sorted(usable)} other than --server-core")
         if self.client_processes is None:
             object.__setattr__(self, "client_processes", min(DEFAULT_CLIENT_PROCESSES, len(usable)))
         if not 1 <= self.client_processes <= min(MAX_CLIENT_PROCESSES, self.streams):
@@ -86,7 +94,8 @@ class ServerBenchConfig:
 
     @property
     def client_cores(self) -> list[int]:
-        """Each client process's core: the usable cores but the server's, from --client-core on, in turn."""
+        """Each client process's core: the usable cores but the server's (the engine's), from --client-core on, in
+        turn."""
         others = sorted(os.sched_getaffinity(0) - {self.server_core})
         first = others.index(self.client_core)
         return [others[(first + i) % len(others)] for i in range(self.client_processes)]
@@ -99,6 +108,8 @@ class ServerBenchConfig:
                  "--server-core", str(self.server_core), "--client-core", str(self.client_core),
                  "--client-processes", str(self.client_processes), "--threads", str(self.threads), "--device",
                  self.device]
+        if self.engine_process:
+            parts += ["--engine-process", "--front-end-core", str(self.front_end_core)]
         if self.inputs is not None:
             parts += ["--inputs", str(self.inputs)]
         return shlex.join(parts)
@@ -135,10 +146,13 @@ def _free_port() -> int:
 def server_argv(cfg: ServerBenchConfig, port: int, metrics_port: int) -> list[str]:
     if shutil.which("taskset") is None:
         raise ValueError("taskset (util-linux) is needed to pin the server")
-    return ["taskset", "-c", str(cfg.server_core), sys.executable, "-m", "seqserve.cli.main", "serve", "--bundle",
+    core = cfg.front_end_core if cfg.engine_process else cfg.server_core
+    split = ["--engine-process", "--engine-cpus", str(cfg.server_core)] if cfg.engine_process else []
+    return ["taskset", "-c", str(core), sys.executable, "-m", "seqserve.cli.main", "serve", "--bundle",
             str(cfg.bundle), "--variant", cfg.variant, "--device", cfg.device, "--port", str(port), "--metrics-port",
             str(metrics_port), "--intra-op-threads", str(cfg.threads), "--no-allow-spinning", "--max-batch-size",
-            str(cfg.max_batch_size), "--max-waiting", str(max(256, 2 * cfg.streams)), "--log-level", "WARNING"]
+            str(cfg.max_batch_size), "--max-waiting", str(max(256, 2 * cfg.streams)), "--log-level", "WARNING",
+            *split]
 
 
 @contextlib.contextmanager
@@ -267,6 +281,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", choices=DEVICES, default=d.device,
                    help="the served engine's and the offline engine's onnxruntime device")
     p.add_argument("--threads", type=int, default=d.threads, help="intra-op threads (server and offline engine)")
+    p.add_argument("--engine-process", action="store_true",
+                   help="serve with the engine in its own process on --server-core (serve --engine-process)")
+    p.add_argument("--front-end-core", type=int, help="with --engine-process: the gRPC front end's core (default: "
+                                                      "--client-core)")
     p.add_argument("--out", help="JSON report (default: reports/server-bench-<timestamp>.json)")
     p.add_argument("--markdown", help="also write the markdown section here")
 
@@ -280,7 +298,8 @@ def main(argv: list[str] | None = None) -> int:
         cfg = ServerBenchConfig(Path(a.bundle), a.variant, a.streams, a.max_batch_size, a.max_new_tokens, a.warmup,
                                 a.duration, a.sequential_requests, a.num_inputs, a.server_core, a.client_core,
                                 a.threads, inputs=path(a.inputs), out=path(a.out),
-                                markdown=path(a.markdown), device=a.device, client_processes=a.client_processes)
+                                markdown=path(a.markdown), device=a.device, client_processes=a.client_processes,
+                                engine_process=a.engine_process, front_end_core=a.front_end_core)
         report = bench(cfg)
     except (ValueError, FileNotFoundError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
