@@ -23,6 +23,7 @@ from seqserve.engine.engine import Engine
 from seqserve.engine.request import FinishReason, Request, SamplingParams
 from seqserve.engine.runner import Runner
 from seqserve.engine.scheduler import Scheduler, SchedulerConfig
+from seqserve.engine.slots import Joining
 from seqserve.export import variants as vr
 
 QUALITY_N = 500  # the first lines of the held-out split: a fixed evaluation set that keeps export quick
@@ -58,9 +59,9 @@ def teacher_forced(runner: Runner, sources: list[list[int]], targets: list[list[
         forced = np.full((len(rows), width), pad, np.int64)  # (B, T) the token fed after step t; pads after the end
         for i, target in enumerate(chunk):
             forced[i, : len(target) - 1] = target[:-1]
-        runner.encode(rows)
-        runner.admit(rows)
-        at = np.array([runner.slots.slot_of(r) for r in rows])  # (B,) each row's slot
+        ids = [r.id for r in rows]
+        cross, _ = runner.encode(ids, [r.input_ids for r in rows])
+        at = np.array(runner.admit(Joining.of(rows), [cross[i] for i in ids]))  # (B,) each row's slot
         try:
             steps = []
             for t in range(width):
@@ -71,7 +72,7 @@ def teacher_forced(runner: Runner, sources: list[list[int]], targets: list[list[
                 chosen[at] = forced[:, t]
                 runner.slots.append(chosen, runner.slots.live[: runner.slots.hi])
         finally:
-            runner.retire(rows)
+            runner.retire(ids)
         yield start, np.stack(steps, axis=1)
 
 

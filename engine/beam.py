@@ -21,45 +21,21 @@ alternatives and per row whose k-th and (k + 1)-th best tokens tie exactly.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
 from seqserve.contract import names
 from seqserve.contract.scoring import score
-from seqserve.engine.request import FinishReason, Request, Sequence, TokenLogprob
+from seqserve.engine.nbest import BeamResult, NBest, top_alternatives
+from seqserve.engine.nbest import best as _best
+from seqserve.engine.request import Request
 from seqserve.engine.rule import Rows
 from seqserve.engine.runner import Runner
 from seqserve.engine.step_output import StepOutput
 from seqserve.engine.token_rules import TokenRules
 
 CANDIDATES_PER_BEAM = 2  # HF keeps 2 x num_beams candidates (one end token)
-
-
-@dataclass(frozen=True)
-class BeamResult:
-    """A beam request that ended: the engine turns it into the request's final result."""
-
-    request: Request
-    sequences: tuple[Sequence, ...]  # the n-best, best first
-    finish_reason: FinishReason  # the best sequence's
-    generated: int  # tokens counted as usage (the best sequence's length)
-
-
-@dataclass(frozen=True)
-class _Hypothesis:
-    tokens: tuple[int, ...]  # as scored: the end token last on EOS
-    logprobs: tuple[float, ...]  # each token's log-probability under the model
-    tops: tuple[tuple[tuple[int, float], ...], ...]  # per token, the top_logprobs alternatives (id, logprob)
-    cum: float
-    score: float
-
-
-@dataclass
-class _Search:
-    request: Request
-    finished: list[_Hypothesis] = field(default_factory=list)  # best first, at most num_beams
 
 
 @dataclass(frozen=True)
@@ -81,9 +57,8 @@ class Beams:
     """Every running beam request's rows: admission, the log-probabilities they need, selection, reorder, ending and
     scores, as vector operations over all beam requests in the batch."""
 
-    def __init__(self, runner: Runner, detokenize: Callable[[list[int]], str], eos_id: int,
-                 rules: TokenRules | None = None) -> None:
-        self.runner, self.detokenize, self.eos_id = runner, detokenize, eos_id
+    def __init__(self, runner: Runner, eos_id: int, rules: TokenRules | None = None) -> None:
+        self.runner, self.eos_id = runner, eos_id
         self.rules = rules or TokenRules.for_request(eos_id)  # engine/token_rules.py: the model's list
         slots = runner.slots
         capacity, max_new = slots.capacity, slots.ids.shape[1] - 1
@@ -101,19 +76,19 @@ class Beams:
         self._worst = np.zeros(capacity, np.float64)  # and the worst one's score
         slots.track(self._owner, self._beam, self._width, self._penalty, self._early, self._top_n, self._cum,
                     self._logprob, self._tops, self._n_finished, self._worst)
-        self._searches: dict[int, _Search] = {}  # request id -> its finished hypotheses
+        self.nbest = NBest(eos_id)  # each request's finished hypotheses
         self._n_top = 0  # running requests that ask for top_logprobs (their rows cost a loop each)
 
     def admit(self, requests: list[Request]) -> None:
         """Requests with n_rows > 1 that the runner has just admitted (their rows are placed): one live beam each."""
         for r in requests:
-            rows, p = self.runner.slots.slots_of(r), r.params
+            rows, p = self.runner.slots.slots_of(r.id), r.params
             self._owner[rows], self._beam[rows], self._beam[rows[0]] = r.id, 0, 1
             self._width[rows], self._penalty[rows], self._early[rows] = p.num_beams, p.length_penalty, p.early_stopping
             self._top_n[rows], self._cum[rows], self._n_finished[rows] = p.top_logprobs, 0.0, 0
             for row in rows:
                 self._tops[row] = ()
-            self._searches[r.id] = _Search(r)
+            self.nbest.add(r)
             self._n_top += bool(p.top_logprobs)
 
     def _ruled(self, raw: np.ndarray, top: np.ndarray, log_z: np.ndarray, rows: Rows,
@@ -128,11 +103,11 @@ class Beams:
         """(hi,) bool: the rows whose token this component chooses (the engine skips them)."""
         return self._owner[: self.runner.slots.hi] != 0
 
-    def drop(self, request: Request) -> None:
+    def drop(self, request_id: int) -> None:
         """A beam request left for another reason (cancel, deadline, error): forget it."""
-        if (search := self._searches.pop(request.id, None)) is not None:
-            self._n_top -= bool(search.request.params.top_logprobs)
-            mine = self._owner == request.id  # (C,) its rows, if still placed
+        if (request := self.nbest.drop(request_id)) is not None:
+            self._n_top -= bool(request.params.top_logprobs)
+            mine = self._owner == request_id  # (C,) its rows, if still placed
             self._owner[mine], self._beam[mine] = 0, 0
 
     def needs_logits(self) -> bool:
@@ -204,7 +179,8 @@ class Beams:
         n_fin, worst = self._n_finished[lead], self._worst[lead]  # (Q,)
         penalty = self._penalty[lead]
         if finished.any():
-            self._finish(c.take(finished), rows, self._owner[lead], length[start], penalty, tops, n_fin, worst)
+            self.nbest.finish(c.take(finished), rows, self._owner[lead], length[start], penalty, tops, n_fin, worst,
+                              slots.ids, self._logprob, self._tops)
         best = np.maximum.reduceat(np.where(running, c.total, -np.inf), first)  # (Q,) the best live beam's
         done = best == -np.inf
         full = n_fin == width
@@ -218,24 +194,9 @@ class Beams:
             self._extend(c.take(going), new_rank[going], rows, self._owner[lead], length, n_fin, worst, tops)
         if not done.any():
             return []
-        return [self._result(self._searches.pop(int(o))) for o in self._owner[lead[done]].tolist()]
-
-    def _finish(self, c: _Candidates, rows, owners, length, penalty, tops, n_fin, worst) -> None:
-        """Candidates that stopped among the first num_beams become hypotheses; n_fin and worst (Q,) follow."""
-        scores = score(c.total, length[c.group] + 1, penalty[c.group]).tolist()  # n counts the end token
-        new: dict[int, list[_Hypothesis]] = {}
-        for j, (i, q) in enumerate(zip(c.parent.tolist(), c.group.tolist())):
-            row, n = rows[i], int(length[q])
-            tops_row = self._tops[row] + (tops[i],) if i in tops else ()
-            new.setdefault(q, []).append(_Hypothesis(
-                tuple(self.runner.slots.ids[row, 1 : 1 + n].tolist()) + (int(c.token[j]),),
-                tuple(self._logprob[row, :n].tolist()) + (float(c.logprob[j]),), tops_row, float(c.total[j]),
-                scores[j]))
-        for q, hyps in new.items():
-            search = self._searches[int(owners[q])]
-            keep = search.request.params.num_beams
-            search.finished = sorted(search.finished + hyps, key=lambda h: -h.score)[:keep]  # stable: older first
-            n_fin[q], worst[q] = len(search.finished), search.finished[-1].score
+        ended = [self.nbest.result(int(o)) for o in self._owner[lead[done]].tolist()]
+        self._n_top -= sum(bool(b.request.params.top_logprobs) for b in ended)
+        return ended
 
     def _extend(self, c: _Candidates, rank, rows, owners, length, n_fin, worst, tops) -> None:
         """The new live beams (N,): the first child of each parent stays in its row, the others are copied into the
@@ -270,21 +231,6 @@ class Beams:
         appended = np.zeros(slots.hi, bool)
         appended[dst] = True
         slots.append(chosen, appended)
-
-    def _result(self, search: _Search) -> BeamResult:
-        r = search.request
-        self._n_top -= bool(r.params.top_logprobs)
-        sequences = tuple(self._sequence(h, r.params.return_logprobs)
-                          for h in search.finished[: r.params.num_return_sequences])
-        return BeamResult(r, sequences, sequences[0].finish_reason, len(sequences[0].token_ids))
-
-    def _sequence(self, h: _Hypothesis, logprobs: bool) -> Sequence:
-        eos = h.tokens[-1] == self.eos_id
-        ids = list(h.tokens[:-1] if eos else h.tokens)
-        track = tuple(TokenLogprob(t, lp, top) for t, lp, top in zip(h.tokens, h.logprobs, h.tops or
-                                                                       ((),) * len(h.tokens))) if logprobs else ()
-        return Sequence(ids, self.detokenize(ids), FinishReason.EOS if eos else FinishReason.LENGTH, h.cum, h.score,
-                        track)
 
 
 def _from_top(out: StepOutput, rows: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, dict]:
@@ -322,23 +268,3 @@ def _heads(a: np.ndarray) -> np.ndarray:
     head[:1] = True
     np.not_equal(a[1:], a[:-1], out=head[1:])
     return head
-
-
-def _best(values: np.ndarray, k: int) -> np.ndarray:
-    """Indices of the k largest values, best first, ties to the lower index: a stable sort of only the values at or
-    above the k-th largest (a full sort of the vocabulary every step would cost more than the selection)."""
-    if k <= 0:
-        return np.zeros(0, np.int64)
-    if k < values.size:
-        kth = np.partition(values, values.size - k)[values.size - k]
-        candidates = np.flatnonzero(values >= kth)  # ascending: ties keep the lower index first in a stable sort
-    else:
-        candidates = np.arange(values.size)
-    return candidates[np.argsort(-values[candidates], kind="stable")][:k]
-
-
-def top_alternatives(logprobs: np.ndarray, n: int) -> tuple[tuple[int, float], ...]:
-    """The n most likely (token, logprob) of one step, the most likely first (ties: the lower id)."""
-    if not n:
-        return ()
-    return tuple((int(t), float(logprobs[t])) for t in _best(logprobs, n))

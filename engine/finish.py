@@ -5,7 +5,7 @@
     STOP       a stop string appeared in the text: detokenizer.TextStream (the text is cut before it)
     CANCELLED  the client went away (or the server stopped before the request finished): abandoned
     DEADLINE   the call's deadline passed: abandoned (inflight.Call says whether an ended call was ended by it)
-    ERROR      a failure this request caused: stepping.py (the message names no internals)
+    ERROR      a failure this request caused: isolation.py (the message names no internals)
 """
 from __future__ import annotations
 

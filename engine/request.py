@@ -1,9 +1,10 @@
 """One object per request, carried from the service through the scheduler, engine and runner and back.
 
-Status is an ordered enum: a request only moves forward (WAITING < ENCODED < RUNNING < FINISHED). The way back to the
-caller is explicit: the Sink given at construction receives the request's Events (the service's sink hands them to
-its event loop; an offline caller passes none and reads the finished Request's result). The last Event carries the
-request's Result by value, so no other thread ever reads a Request the engine thread writes.
+Status is an ordered enum: a request only moves forward (WAITING < RUNNING < FINISHED; whether a waiting request's
+source is already encoded is the scheduler's and the engine's business, not a status). The way back to the caller is
+explicit: the Sink given at construction receives the request's Events (engine/outputs.py is their one writer; the
+edge's sink hands them on; an offline caller passes none and reads the finished Request's result). The last Event
+carries the request's Result by value, so no other thread ever reads a Request the engine thread writes.
 """
 from __future__ import annotations
 
@@ -18,10 +19,9 @@ _ids = itertools.count(1)
 
 
 class RequestStatus(enum.IntEnum):
-    WAITING = 0  # queued for admission
-    ENCODED = 1  # still queued, its cross-attention K/V already computed (encode-ahead)
-    RUNNING = 2  # holds rows of the running batch
-    FINISHED = 3  # ended: finish_reason says why
+    WAITING = 0  # queued for admission (its source may already be encoded: encode-ahead)
+    RUNNING = 1  # holds rows of the running batch
+    FINISHED = 2  # ended: finish_reason says why
 
 
 class FinishReason(enum.Enum):
@@ -158,18 +158,10 @@ class Request:
     id: int = field(default_factory=lambda: next(_ids))
     arrival: float = field(default_factory=time.monotonic)
     status: RequestStatus = RequestStatus.WAITING
-    result: Result | None = None  # once FINISHED: what the final Event carried
-    # Offline callers' shortcuts to the result (set by end(), which the engine thread alone calls).
-    output_ids: list[int] = field(default_factory=list)  # generated ids (the end token excluded)
-    sequences: tuple[Sequence, ...] = ()  # the best first (output_ids = [0]'s)
-    text: str = ""  # the returned text (a stop string cuts it)
-    finish_reason: FinishReason | None = None
-    error: str | None = None
+    result: Result | None = None  # once FINISHED: what the final Event carried (engine/outputs.py sets it)
     scheduled_at: float | None = None  # admitted into the running batch
     first_token_at: float | None = None
     finished_at: float | None = None
-    rng: object = None  # the sampler's numpy Generator, seeded from params.seed at the first sampled step
-    cross: list | None = None  # encode-ahead: this source's cross-attention K/V per layer, until it joins
     by_deadline: bool = False  # cancelled because the call's deadline passed (set before _cancelled)
     _cancelled: threading.Event = field(default_factory=threading.Event, repr=False)
 
@@ -200,25 +192,24 @@ class Request:
     def done(self) -> bool:
         return self.status is RequestStatus.FINISHED
 
-    def emit(self, token_ids: tuple[int, ...], text: str) -> None:
-        """New output for a streaming caller (nothing is sent for an empty piece)."""
-        if text or token_ids:
-            self.sink.put(self, Event(token_ids=token_ids, text=text))
+    # Offline callers' views of the result (derived, never stored twice).
+    @property
+    def output_ids(self) -> list[int]:
+        """Generated ids (the end token excluded); [] until finished."""
+        return self.result.token_ids if self.result is not None else []
 
-    def end(self, reason: FinishReason, now: float, error: str | None = None, sequences: tuple[Sequence, ...] = (),
-            generated: int = 0) -> None:
-        """The one way a request finishes (engine.py and scheduler.py decide when, via finish.py): its Result is made
-        here, by value, and handed to the sink with the last Event. A finished request never ends again."""
-        if self.done:
-            return
+    @property
+    def sequences(self) -> tuple[Sequence, ...]:
+        return self.result.sequences if self.result is not None else ()
 
-        def since_arrival(t: float | None) -> float:
-            return 0.0 if t is None else max(0.0, t - self.arrival)
+    @property
+    def text(self) -> str:
+        return self.result.text if self.result is not None else ""
 
-        result = Result(reason, tuple(sequences), self.n_input_tokens, generated, self.params.seed or 0,
-                        since_arrival(self.scheduled_at), since_arrival(self.first_token_at), since_arrival(now), error)
-        self.status, self.result, self.finish_reason, self.finished_at, self.error = (
-            RequestStatus.FINISHED, result, reason, now, error)
-        self.output_ids, self.text, self.sequences = result.token_ids, result.text, result.sequences
-        self.cross = None  # an encoded source that never ran frees its K/V here
-        self.sink.put(self, Event(result=result))
+    @property
+    def finish_reason(self) -> FinishReason | None:
+        return None if self.result is None else self.result.finish_reason
+
+    @property
+    def error(self) -> str | None:
+        return None if self.result is None else self.result.error

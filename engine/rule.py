@@ -36,9 +36,9 @@ class Rows:
                    np.arange(at) if isinstance(at, int) else at, logprobs)
 
     @classmethod
-    def single(cls, request, generated: np.ndarray) -> Rows:
-        """One request's row from its own record: generated (T,) the ids it produced so far."""
-        p, forced = request.params, getattr(request, "forced_bos", None)
+    def single(cls, p, generated: np.ndarray, forced: int | None = None) -> Rows:
+        """One row from its options p (SamplingParams): generated (T,) the ids it produced so far; forced its own
+        forced first token."""
         return cls(np.array([generated.size]), np.array([p.max_new_tokens]), np.array([p.min_new_tokens]),
                    np.array([-1 if forced is None else forced]), np.array([p.repetition_penalty]),
                    np.array([not p.greedy]), np.concatenate(([0], generated))[None], np.zeros(1, np.int64))

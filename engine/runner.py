@@ -17,8 +17,7 @@ from seqserve.engine.device import Device, RuntimeConfig
 from seqserve.engine.device_cache import DeviceCross, DeviceInPlaceCache
 from seqserve.engine.inplace_cache import InPlaceCache
 from seqserve.engine.kv_cache import ConcatCache
-from seqserve.engine.request import Request
-from seqserve.engine.slots import Slots
+from seqserve.engine.slots import Joining, Slots
 from seqserve.engine.step_output import Need, StepOutput
 
 DEFAULT_CAPACITY = 256  # rows the slot map holds; the scheduler's max_batch_size must not exceed it
@@ -92,43 +91,38 @@ class Runner:
     def nbytes(self) -> int:
         return self.cache.nbytes(self.slots.n_live)
 
-    def encode(self, requests: list[Request]) -> float:
-        """One encoder call for these sources: each request keeps its own cross K/V [(H, S, Dh) per layer and kind]
-        until it joins (encode-ahead). Returns the seconds spent."""
+    def encode(self, request_ids: list[int], sources: list[list[int]]) -> tuple[dict[int, object], float]:
+        """One encoder call for these sources: each one's cross K/V [(H, S, Dh) per layer and kind] by request id, for
+        the engine to keep until its rows join (encode-ahead); and the seconds spent."""
         start = time.perf_counter()
         if getattr(self.cache, "device_resident", False):  # the outputs stay on the device until their rows join
-            values, mask = run_encoder(self.encoder, self.device, self.pad_id, self.n_layers,
-                                       [r.input_ids for r in requests])
-            for i, request in enumerate(requests):
-                request.cross = DeviceCross(values, i, int(mask[i].sum()))
-            return time.perf_counter() - start
-        cross, mask = self.run_encoder([r.input_ids for r in requests])
-        for i, request in enumerate(requests):
-            n = int(mask[i].sum())
-            request.cross = [np.ascontiguousarray(c[i, :, :n]) for c in cross]  # a copy: the batch can be freed
-        return time.perf_counter() - start
+            values, mask = run_encoder(self.encoder, self.device, self.pad_id, self.n_layers, sources)
+            cross = {i: DeviceCross(values, n, int(mask[n].sum())) for n, i in enumerate(request_ids)}
+            return cross, time.perf_counter() - start
+        host, mask = self.run_encoder(sources)
+        cross = {i: [np.ascontiguousarray(c[n, :, : int(mask[n].sum())]) for c in host]  # a copy: the batch is freed
+                 for n, i in enumerate(request_ids)}
+        return cross, time.perf_counter() - start
 
     def run_encoder(self, sources: list[list[int]]) -> tuple[list[np.ndarray], np.ndarray]:
         """Right-padded sources -> cross K/V per layer and kind (B, H, S, Dh) as host arrays, and the mask (B, S)."""
         cross, mask = run_encoder(self.encoder, self.device, self.pad_id, self.n_layers, sources)
         return [self.device.get(v) for v in cross], mask
 
-    def admit(self, requests: list[Request]) -> None:
-        """Encoded requests take the lowest free slots; their cross K/V move into the cache."""
-        if not requests:
-            return
-        rows = [r for r in requests for _ in range(r.n_rows)]  # a beam request's beams all start from its source
+    def admit(self, rows: Joining, cross: list) -> list[int]:
+        """Rows (one cross K/V each: a beam request's beams share their source's) take the lowest free slots; their
+        cross K/V move into the cache. Returns the slots they took."""
+        if not len(rows):
+            return []
         into = self.slots.free(len(rows))
-        self.cache.admit([r.cross for r in rows], into, empty=not self.slots.n_live)
-        for slot, request in zip(into, rows):
-            self.slots.place(request, slot)
-        for request in requests:
-            request.cross = None
+        self.cache.admit(cross, into, empty=not self.slots.n_live)
+        self.slots.place(rows, into)
+        return into
 
-    def retire(self, requests: list[Request]) -> None:
+    def retire(self, request_ids: list[int]) -> None:
         """Frees the rows of requests that left (the next step drops free slots or unused past columns if it pays:
         after this step's admissions, which take free slots first)."""
-        freed = [s for r in requests for s in list(self.slots.slots_of(r))]
+        freed = [s for i in request_ids for s in list(self.slots.slots_of(i))]
         for slot in freed:
             self.slots.release(slot)
         if freed:

@@ -2,7 +2,8 @@
 
 FCFS admission within the batch-size and KV-cache budgets, a bounded waiting queue, encode-ahead within a byte
 budget, and the end of cancelled or expired requests (the rules themselves are finish.py's). A row may join or leave
-between any two decoder steps.
+between any two decoder steps. A request's status only moves forward (WAITING -> RUNNING -> FINISHED): which waiting
+requests are already encoded is this scheduler's own record (their K/V are the engine's, by request id).
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from seqserve.engine import finish
+from seqserve.engine.outputs import end
 from seqserve.engine.request import Request, RequestStatus
 
 
@@ -65,7 +67,8 @@ class Scheduler:
         self._running: dict[int, Request] = {}  # by id, in admission order
         self.rows = 0  # rows the running requests hold (one per beam)
         self._longest = self._most_new = 0  # running rows' longest source and max_new_tokens (may overstate: see _fits)
-        self.encoded_bytes = 0  # cross K/V held by ENCODED waiting requests
+        self.encoded_bytes = 0  # cross K/V held for encoded waiting requests
+        self._encoded: set[int] = set()  # ids of the waiting requests whose source is encoded (or is in this plan)
         self._lock = threading.Lock()  # add() comes from the gRPC loop, schedule() from the engine thread
         self._swept = self._swept_waiting = float("-inf")  # when running / waiting were last scanned
 
@@ -102,8 +105,8 @@ class Scheduler:
                 dropped = self._drop_abandoned(now)
             for r in retired:
                 self.rows -= r.n_rows
-            admitted = self._admit(now)
-            encode = self._encode(admitted)
+            admitted, bare = self._admit(now)
+            encode = self._encode(bare)
         return Plan(retired, encode, admitted, dropped, abandoned)
 
     def sweep_next(self) -> None:
@@ -117,13 +120,19 @@ class Scheduler:
         for r in list(self._running.values()):
             ended_here = not r.done and (reason := finish.abandoned(r, now)) is not None
             if ended_here:
-                r.end(reason, now)
+                end(r, reason, now)
             if r.done:
                 left.append((self._running.pop(r.id), ended_here))
         return left
 
-    def _admit(self, now: float) -> list[Request]:
+    def encoded(self, request: Request) -> bool:
+        """Whether a waiting request's source is encoded already (encode-ahead)."""
+        return request.id in self._encoded
+
+    def _admit(self, now: float) -> tuple[list[Request], list[Request]]:
+        """The requests that join, and those of them without K/V yet."""
         admitted: list[Request] = []
+        bare: list[Request] = []
         while self.waiting and self.rows < self.cfg.max_batch_size:
             head = self.waiting[0]
             if head.done:  # ended while waiting (its encoder failed): it has been counted already
@@ -134,15 +143,17 @@ class Scheduler:
             if not self._fits(head):
                 break  # FCFS: the head waits for cache rather than being overtaken (alone, it always runs)
             self.waiting.popleft()
-            if head.status is RequestStatus.ENCODED:
-                self.encoded_bytes -= self._cross_bytes(head)
+            if head.id in self._encoded:
+                self._forget_encoded(head)
+            else:
+                bare.append(head)
             head.status, head.scheduled_at = RequestStatus.RUNNING, now
             admitted.append(head)
             self._running[head.id] = head
             self.rows += head.n_rows
             self._longest = max(self._longest, head.n_input_tokens)
             self._most_new = max(self._most_new, head.params.max_new_tokens)
-        return admitted
+        return admitted, bare
 
     def _fits(self, head: Request) -> bool:
         """The KV budget with head added. The kept maxima only grow (a leaving row may have held them), so a refusal
@@ -159,26 +170,31 @@ class Scheduler:
                 return True
         return False
 
-    def _encode(self, admitted: list[Request]) -> list[Request]:
+    def _encode(self, bare: list[Request]) -> list[Request]:
         """Admitted requests still without K/V, plus (only then) waiting ones from the head, within the budgets."""
-        encode = [r for r in admitted if r.cross is None]
+        encode = list(bare)
         if not encode:
             return encode  # the encoded pool covered this step: no encoder call at all
         for r in self.waiting:
             if len(encode) >= self.cfg.encode_batch:
                 break
-            if r.status is RequestStatus.ENCODED:
+            if r.id in self._encoded:
                 continue
             size = self._cross_bytes(r)
             if self.encoded_bytes + size > self.cfg.max_encoded_bytes:
                 break  # FCFS: never encode a later request ahead of an earlier one
-            r.status = RequestStatus.ENCODED
+            self._encoded.add(r.id)
             self.encoded_bytes += size
             encode.append(r)
         return encode
 
     def _cross_bytes(self, r: Request) -> int:
         return r.n_input_tokens * self.cfg.cross_bytes_per_token
+
+    def _forget_encoded(self, r: Request) -> None:
+        if r.id in self._encoded:
+            self._encoded.discard(r.id)
+            self.encoded_bytes -= self._cross_bytes(r)
 
     def _drop_abandoned(self, now: float) -> list[Request]:
         """Waiting requests whose client left or whose deadline passed end now, not when they reach the head."""
@@ -187,9 +203,8 @@ class Scheduler:
         alive, dropped = collections.deque(), []
         for r in self.waiting:
             if not r.done and (reason := finish.abandoned(r, now)):
-                if r.status is RequestStatus.ENCODED:
-                    self.encoded_bytes -= self._cross_bytes(r)
-                r.end(reason, now)
+                self._forget_encoded(r)
+                end(r, reason, now)
                 dropped.append(r)
             else:
                 alive.append(r)
@@ -197,20 +212,20 @@ class Scheduler:
         return dropped
 
     def unencode(self, requests: list[Request]) -> None:
-        """The encoder failed for these: they wait again without K/V (or have ended)."""
-        for r in requests:
-            if r.status is RequestStatus.ENCODED:
-                r.status = RequestStatus.WAITING
-                self.encoded_bytes -= self._cross_bytes(r)
+        """The encoder failed for these: the waiting ones are no longer counted as encoded (their status stays)."""
+        with self._lock:
+            for r in requests:
+                self._forget_encoded(r)
 
     def drain(self, reason, now: float) -> None:
         """Ends every waiting and running request (the engine is stopping without running them)."""
         with self._lock:
             for r in [*self.waiting, *self._running.values()]:
                 if not r.done:
-                    r.end(reason, now)
+                    end(r, reason, now)
             self.waiting.clear()
             self._running.clear()
+            self._encoded.clear()
             self.rows = self.encoded_bytes = 0
 
 

@@ -14,9 +14,11 @@ import torch
 
 from seqserve.engine.beam import Beams
 from seqserve.engine.device import RuntimeConfig
+from seqserve.engine.outputs import Outputs
 from seqserve.engine.request import Request, SamplingParams
 from seqserve.engine.runner import Runner
 from seqserve.engine.sampling import log_softmax
+from seqserve.engine.slots import Joining
 from seqserve.model.beam import BeamOptions, SourceBeams
 
 LEVELS = np.array([0.0, -0.5, -1.0, -1.5, -2.0, -4.0], np.float32)  # few values: ties everywhere, at any rank
@@ -32,6 +34,13 @@ def synthetic_logits(seed: int, prefix: list[int], vocab: int, eos: int) -> np.n
     end = rng.random()  # the end token often ties for the best, or ranks just behind the best candidates
     x[eos] = x.max() if end < 0.2 else x.max() - 0.3 if end < 0.6 else x[eos]
     return x
+
+
+class SpacedIds:
+    """A tokenizer whose text is the ids themselves, so each sequence's text names its tokens."""
+
+    def decode(self, ids, skip_special_tokens=True) -> str:
+        return " ".join(map(str, ids))
 
 
 def reference(seed: int, opts: BeamOptions, vocab: int, eos: int):
@@ -53,7 +62,8 @@ CASES = [  # (joins at step, num_beams, num_return_sequences, max_new, min_new, 
 def test_every_request_in_a_changing_batch_gets_the_references_n_best(tiny_bundle, kv_cache):
     runner = Runner(tiny_bundle, RuntimeConfig(device="cpu", intra_op_threads=1), capacity=48, kv_cache=kv_cache)
     vocab, eos = runner.manifest.model["vocab_size"], runner.manifest.special_tokens["eos_id"]
-    beams = Beams(runner, lambda ids: " ".join(map(str, ids)), eos)
+    beams = Beams(runner, eos)
+    outputs = Outputs(SpacedIds(), eos)
     requests = []
     for i, (_, width, n, max_new, min_new, penalty, early, top) in enumerate(CASES):
         params = SamplingParams(max_new_tokens=max_new, min_new_tokens=min_new, num_beams=width,
@@ -64,25 +74,25 @@ def test_every_request_in_a_changing_batch_gets_the_references_n_best(tiny_bundl
     cancelled = requests[2]  # leaves mid-search, as a cancel does
     results, ended, step = {}, [], 0
     while len(results) + 1 < len(requests):
-        runner.retire(ended)
+        runner.retire([r.id for r in ended])
         for r in ended:
-            beams.drop(r)
+            beams.drop(r.id)
         if step == 3:
-            runner.retire([cancelled])
-            beams.drop(cancelled)
+            runner.retire([cancelled.id])
+            beams.drop(cancelled.id)
         joining = [r for r, case in zip(requests, CASES) if case[0] == step]
         if joining:
-            runner.encode(joining)
-            runner.admit(joining)
+            cross, _ = runner.encode([r.id for r in joining], [r.input_ids for r in joining])
+            runner.admit(Joining.of(joining), [cross[r.id] for r in joining for _ in range(r.n_rows)])
             beams.admit(joining)
         slots = runner.slots
-        assert beams.owns().tolist() == [slots.requests[s] is not None for s in range(slots.hi)]
+        assert beams.owns().tolist() == [slots.owners[s] is not None for s in range(slots.hi)]
         runner.step()  # the real decoder step: its K/V are written, reordered and compacted as in serving
         logits = np.zeros((slots.hi, vocab), np.float32)
         for s in np.flatnonzero(slots.live[: slots.hi]).tolist():
-            logits[s] = synthetic_logits(seed[slots.requests[s].id], slots.output(s), vocab, eos)
+            logits[s] = synthetic_logits(seed[slots.owners[s]], slots.output(s), vocab, eos)
         done = beams.advance(logits, 0.0)
-        results.update({b.request.id: b for b in done})
+        results.update({b.request.id: (b, outputs.nbest(b.request, b.hypotheses)) for b in done})
         ended = [b.request for b in done]
         step += 1
         assert step < 40
@@ -93,14 +103,15 @@ def test_every_request_in_a_changing_batch_gets_the_references_n_best(tiny_bundl
         want = reference(seed[r.id], BeamOptions(p.max_new_tokens, p.min_new_tokens, p.num_beams,
                                                  p.num_return_sequences, p.length_penalty, p.early_stopping,
                                                  p.top_logprobs), vocab, eos)
-        got = results[r.id]
-        assert [s.token_ids for s in got.sequences] == [h.token_ids for h in want], case
-        assert [s.finish_reason.value for s in got.sequences] == [h.finish_reason for h in want]
-        assert [(s.cumulative_logprob, s.score) for s in got.sequences] == [(h.cumulative_logprob, h.score)
-                                                                            for h in want]
-        assert [[t.logprob for t in s.logprobs] for s in got.sequences] == [h.token_logprobs for h in want]
-        assert [[list(t.top) for t in s.logprobs] for s in got.sequences] == [h.top_logprobs for h in want]
-        assert got.finish_reason == got.sequences[0].finish_reason and got.generated == len(want[0].token_ids)
+        got, sequences = results[r.id]
+        assert [s.token_ids for s in sequences] == [h.token_ids for h in want], case
+        assert [s.finish_reason.value for s in sequences] == [h.finish_reason for h in want]
+        assert [(s.cumulative_logprob, s.score) for s in sequences] == [(h.cumulative_logprob, h.score)
+                                                                        for h in want]
+        assert [[t.logprob for t in s.logprobs] for s in sequences] == [h.token_logprobs for h in want]
+        assert [[list(t.top) for t in s.logprobs] for s in sequences] == [h.top_logprobs for h in want]
+        assert [s.text for s in sequences] == [" ".join(map(str, h.token_ids)) for h in want]
+        assert got.finish_reason == sequences[0].finish_reason and got.generated == len(want[0].token_ids)
     assert cancelled.id not in results  # it left before it could end
-    runner.retire(ended)
+    runner.retire([r.id for r in ended])
     assert runner.slots.n_live == 0 and not beams.owns().any()

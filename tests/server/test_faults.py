@@ -24,16 +24,21 @@ POISON = "b 5 9 k"
 
 def poison_decoder(runner: Runner, poison: list[int], when=lambda: True) -> None:
     """Wraps the runner's KV cache so that a decoder step (or a probe) raises whenever a row holding the poisoned
-    source takes part, as onnxruntime raised for one over-long row."""
-    run = runner.cache.run
+    source takes part, as onnxruntime raised for one over-long row (the runner's encoder calls say which request ids
+    hold it)."""
+    run, encode, poisoned = runner.cache.run, runner.encode, set()
+
+    def encoding(request_ids, sources):
+        poisoned.update(i for i, s in zip(request_ids, sources) if s == poison)
+        return encode(request_ids, sources)
 
     def failing(decoder, slots, rows=None, **options):  # options: what the step fetches (need)
         picked = range(slots.hi) if rows is None else rows
-        if when() and any(slots.requests[i] is not None and slots.requests[i].input_ids == poison for i in picked):
+        if when() and any(slots.owners[i] in poisoned for i in picked):
             raise RuntimeError("[ONNXRuntimeError] : 1 : FAIL : Non-zero status code returned while running GatherND")
         return run(decoder, slots, rows, **options)
 
-    runner.cache.run = failing
+    runner.cache.run, runner.encode = failing, encoding
 
 
 class Poisoned(Runner):

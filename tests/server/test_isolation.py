@@ -13,7 +13,7 @@ from grpc_harness import request, wait_for
 
 from seqserve.contract.tokenizer import load_tokenizer
 from seqserve.contract.tsv import heldout_pairs
-from seqserve.engine import detokenizer, engine, running
+from seqserve.engine import detokenizer, outputs, update
 from seqserve.engine.device import RuntimeConfig
 from seqserve.engine.engine import Engine
 from seqserve.engine.finish import ERROR_MESSAGE
@@ -48,14 +48,14 @@ def _raise_for_poison(original, params_of):
 
 # phase -> (object, attribute, how the patched call finds its request's params, the poisoned request's options)
 PHASES = {
-    "sampling": (engine, "sample_row", lambda logits, rec, *a: rec.params, dict(temperature=0.8)),
-    "sampling its last token": (engine, "sample_row", lambda logits, rec, *a: rec.params,
+    "sampling": (update, "sample_row", lambda logits, params, *a: params, dict(temperature=0.8)),
+    "sampling its last token": (update, "sample_row", lambda logits, params, *a: params,
                                 dict(temperature=0.8, max_new_tokens=1)),  # a finish rule also fires for its row
     "text": (detokenizer.TextStream, "push", lambda text, *a: _by_stop(text.stops), dict(stop=("never-there",))),
-    "logprobs": (running, "top_alternatives", lambda lps, n: _by_top(n), dict(return_logprobs=True, top_logprobs=2)),
+    "logprobs": (outputs, "top_alternatives", lambda lps, n: _by_top(n), dict(return_logprobs=True, top_logprobs=2)),
     "joining": (detokenizer.TextStream, "__init__", lambda text, tok, stops=(): _by_stop(stops),
                 dict(stop=("never-there",))),
-    "end": (running.Running, "sequence", lambda rec, *a: rec.params, {}),
+    "end": (outputs.Outputs, "final", lambda self, rec, *a: rec.request.params, {}),
     "beam end": (Engine, "_end_beams", lambda self, b, *a: b.request.params, dict(num_beams=2)),
 }
 

@@ -9,6 +9,7 @@ from seqserve.contract import names
 from seqserve.engine.device import RuntimeConfig
 from seqserve.engine.request import Request, SamplingParams
 from seqserve.engine.runner import Runner
+from seqserve.engine.slots import Joining
 from seqserve.export.ort_io import cpu_session, decoder_feeds, encoder_feeds
 
 
@@ -22,9 +23,10 @@ class Alone:
         self.cross = encoder.run(None, encoder_feeds(ids, self.src_mask))
         self.past = [np.zeros((1, heads, 0, head_dim), np.float32) for _ in range(2 * layers)]
         self.request = Request(input_ids=source, params=SamplingParams())
+        self.output_ids: list[int] = []
 
     def step(self) -> np.ndarray:
-        out = self.request.output_ids
+        out = self.output_ids
         t = len(out)
         feeds = decoder_feeds(np.array([[out[-1] if out else self.bos]]), np.array([[t]]), np.ones((1, t + 1)),
                               self.src_mask, self.past, self.cross)
@@ -50,24 +52,26 @@ def test_rows_joining_and_leaving_equal_each_row_alone(tiny_bundle, kv_cache):
     slots, widths = [], []
     for t in range(16):
         if t in leaves:
-            runner.retire([rows[leaves[t]].request])
+            runner.retire([rows[leaves[t]].request.id])
         if t in joins:
-            runner.encode([rows[joins[t]].request])
-            runner.admit([rows[joins[t]].request])
+            r = rows[joins[t]].request
+            cross, _ = runner.encode([r.id], [r.input_ids])
+            runner.admit(Joining.of([r]), [cross[r.id]])
         logits = runner.step()  # (hi, V), free slots included
         hi = runner.slots.hi
-        slots.append([next(n for n in rows if rows[n].request is r) if r else None for r in runner.slots.requests[:hi]])
+        slots.append([next(n for n in rows if rows[n].request.id == i) if i else None for i in runner.slots.owners[:hi]])
         widths.append(getattr(runner.cache, "past_len", None))
         chosen = np.zeros(hi, np.int64)
-        for i, request in enumerate(runner.slots.requests[:hi]):
-            if request is None:
+        for i, owner in enumerate(runner.slots.owners[:hi]):
+            if owner is None:
                 continue
-            want = next(row for row in rows.values() if row.request is request).step()
+            row = next(row for row in rows.values() if row.request.id == owner)
+            want = row.step()
             np.testing.assert_allclose(logits[i], want, atol=1e-4, rtol=0)
             chosen[i] = int(want.argmax())
-            request.output_ids.append(chosen[i])
+            row.output_ids.append(chosen[i])
         runner.slots.append(chosen, runner.slots.live[:hi])
-    assert [len(rows[n].request.output_ids) for n in "abcde"] == [5, 11, 4, 9, 4]
+    assert [len(rows[n].output_ids) for n in "abcde"] == [5, 11, 4, 9, 4]
     assert slots[5] == ["d", "b", "c"]  # d took the slot a left: nothing was copied
     assert slots[7] == ["d", "b"]  # c's slot was the last one: the stepped batch ends before it
     if kv_cache == "concat":

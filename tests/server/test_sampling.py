@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from seqserve.engine.request import Request, SamplingParams
+from seqserve.engine.request import SamplingParams
 from seqserve.engine.sampling import choose, sample_row
 
 EOS = 0
@@ -15,8 +15,9 @@ def draws(n: int = 400, output_ids: tuple[int, ...] = (), logits: np.ndarray = n
     """The tokens chosen over n independently seeded requests."""
     chosen = set()
     for seed in range(n):
-        request = Request(input_ids=[5], params=SamplingParams(seed=seed, **options))
-        chosen.add(sample_row(logits.astype(np.float32), request, np.array(output_ids, np.int64), EOS, NONE))
+        params = SamplingParams(seed=seed, **options)
+        chosen.add(sample_row(logits.astype(np.float32), params, np.random.default_rng(params.seed),
+                              np.array(output_ids, np.int64), EOS, NONE))
     return chosen
 
 
@@ -53,25 +54,25 @@ def test_min_new_tokens_suppresses_the_end_token_until_reached():
 def test_a_seeded_request_draws_the_same_tokens_whatever_its_batch_mates():
     logits = np.log(np.tile(PROBS, (3, 1))).astype(np.float32)  # (B, V)
 
-    def run(batch: list[Request], steps: int = 12) -> None:
+    def run(batch: list[SamplingParams], steps: int = 12) -> list[list[int]]:
+        rngs, outputs = [np.random.default_rng(p.seed) for p in batch], [[] for _ in batch]
         for _ in range(steps):
-            per_row = {i: (r, np.array(r.output_ids, np.int64)) for i, r in enumerate(batch) if not r.params.greedy}
-            for request, token in zip(batch, choose(logits[: len(batch)].copy(), per_row, EOS, NONE).tolist()):
-                request.output_ids.append(token)
+            per_row = {i: (p, rngs[i], np.array(outputs[i], np.int64)) for i, p in enumerate(batch) if not p.greedy}
+            for out, token in zip(outputs, choose(logits[: len(batch)].copy(), per_row, EOS, NONE).tolist()):
+                out.append(token)
+        return outputs
 
     options = SamplingParams(temperature=1.0, seed=7)
-    alone = Request(input_ids=[5], params=options)
-    run([alone])
-    mates = [Request(input_ids=[5], params=SamplingParams(temperature=2.0, seed=1)), Request(input_ids=[6],
-             params=SamplingParams()), Request(input_ids=[5], params=options)]
-    run(mates)
-    assert mates[2].output_ids == alone.output_ids and len(set(alone.output_ids)) > 1
-    assert mates[1].output_ids == [1] * 12  # the greedy mate takes the argmax every step
+    [alone] = run([options])
+    mates = run([SamplingParams(temperature=2.0, seed=1), SamplingParams(), options])
+    assert mates[2] == alone and len(set(alone)) > 1
+    assert mates[1] == [1] * 12  # the greedy mate takes the argmax every step
 
 
 def test_sampling_never_returns_the_banned_ids():
     """pad, bos and unk are masked before sampling, however likely the model makes them."""
     special_first = np.log(np.array([0.02, 0.9, 0.05, 0.03]))  # token 1 (say <pad>) dominates
-    request = Request(input_ids=[5], params=SamplingParams(temperature=1.0, seed=3))
-    banned = np.array([1], np.int64)
-    assert {sample_row(special_first.astype(np.float32), request, NONE, EOS, banned) for _ in range(300)} == {0, 2, 3}
+    params = SamplingParams(temperature=1.0, seed=3)
+    rng, banned = np.random.default_rng(params.seed), np.array([1], np.int64)
+    assert {sample_row(special_first.astype(np.float32), params, rng, NONE, EOS, banned) for _ in range(300)} == {
+        0, 2, 3}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from seqserve.engine.outputs import end
 from seqserve.engine.request import FinishReason, Request, RequestStatus, SamplingParams
 from seqserve.engine.scheduler import QueueFull, Scheduler, SchedulerConfig
 
@@ -20,8 +21,8 @@ def test_fcfs_up_to_max_batch_size_and_a_finished_row_makes_room_at_the_next_ste
         s.add(r)
     plan = s.schedule(now=0.0)
     assert plan.admitted == [a, b] and s.running == [a, b] and plan.retired == []
-    assert c.status is RequestStatus.ENCODED and s.n_waiting == 1  # still queued, encoded with the admitted rows
-    a.end(FinishReason.EOS, 1.0)
+    assert c.status is RequestStatus.WAITING and s.encoded(c) and s.n_waiting == 1  # encoded with the admitted rows
+    end(a, FinishReason.EOS, 1.0)
     plan = s.schedule(now=1.0)
     assert plan.retired == [a] and plan.admitted == [c] and s.running == [b, c]  # kept rows first, then new ones
 
@@ -34,7 +35,7 @@ def test_kv_budget_counts_the_padded_batch_not_the_sum_of_rows():
     s.add(long_source)
     s.add(long_output)
     assert s.schedule(now=0.0).admitted == [long_source]  # 44 + 44 fits a sum, 160 padded slots do not
-    long_source.end(FinishReason.EOS, 1.0)
+    end(long_source, FinishReason.EOS, 1.0)
     assert s.schedule(now=1.0).admitted == [long_output]
 
 
@@ -45,7 +46,7 @@ def test_the_head_waits_for_cache_and_is_never_overtaken():
         s.add(r)
     assert s.schedule(now=0.0).admitted == [running]
     assert s.schedule(now=0.1).admitted == []  # small would fit, but big is first in line
-    running.end(FinishReason.LENGTH, 0.2)
+    end(running, FinishReason.LENGTH, 0.2)
     assert s.schedule(now=0.2).admitted == [big]  # 44 slots alone; with small, 2 x 44 would not fit
     assert s.n_waiting == 1
 
@@ -101,15 +102,13 @@ def test_encode_ahead_takes_waiting_requests_in_order_within_the_byte_budget():
         s.add(r)
     plan = s.schedule(now=0.0)
     assert plan.admitted == [first] and plan.encode == [first, a, b]  # 40 + 40 bytes; big's 50 would exceed 100
-    assert s.encoded_bytes == 80 and [r.status for r in (a, b, big, c)] == [
-        RequestStatus.ENCODED, RequestStatus.ENCODED, RequestStatus.WAITING, RequestStatus.WAITING]
-    for r in plan.encode:
-        r.cross = ["K/V"]  # what the runner does with an encoder call
-    first.end(FinishReason.EOS, 1.0)
+    assert s.encoded_bytes == 80 and [s.encoded(r) for r in (a, b, big, c)] == [True, True, False, False]
+    assert {r.status for r in (a, b, big, c)} == {RequestStatus.WAITING}  # a status only moves forward
+    end(first, FinishReason.EOS, 1.0)
     plan = s.schedule(now=1.0)
     assert plan.admitted == [a] and plan.encode == [] and s.encoded_bytes == 40  # a joins without an encoder call
-    a.end(FinishReason.EOS, 2.0)
+    end(a, FinishReason.EOS, 2.0)
     b.cancel()
     plan = s.schedule(now=2.0)
-    assert plan.dropped == [b] and b.cross is None and plan.admitted == [big] and plan.encode == [big, c]
+    assert plan.dropped == [b] and not s.encoded(b) and plan.admitted == [big] and plan.encode == [big, c]
     assert s.encoded_bytes == 10  # b's K/V were released when it was cancelled; c (10 bytes) is held now

@@ -168,12 +168,12 @@ def test_a_rule_added_to_the_list_acts_on_greedy_sampled_and_beam_rows_alike(eng
     before = _emitted(eng, sources)
     banned = Counter(before["greedy"]).most_common(1)[0][0]  # the greedy rows' commonest token
     assert all(banned in ids for ids in before.values())  # every kind of row emits it without the rule
-    model_rules = eng.rules
-    eng.rules = eng.beams.rules = model_rules + BanOne(banned)
+    model_rules = eng.choice.rules
+    eng.choice.rules = eng.beams.rules = model_rules + BanOne(banned)
     try:
         after = _emitted(eng, sources)
     finally:
-        eng.rules = eng.beams.rules = model_rules
+        eng.choice.rules = eng.beams.rules = model_rules
     assert all(ids and banned not in ids for ids in after.values())
     assert _emitted(eng, sources) == before  # without it, as before
 

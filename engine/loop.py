@@ -1,0 +1,70 @@
+"""The engine's thread: it steps while there is work, sleeps while there is none, and drains itself on stop.
+
+Only this thread touches a started engine's requests: stop() asks and waits for the drained signal, so no request is
+ever ended by two threads.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+
+log = logging.getLogger("seqserve.engine.engine")
+
+
+class Loop:
+    def __init__(self, step: Callable[[], None], has_work: Callable[[], bool], recover: Callable[[], None],
+                 drain: Callable[[], None]) -> None:
+        """step: one engine step; recover: after a step raised (a bug outside any one request); drain: ends what is
+        still queued or running, on this thread."""
+        self._step, self._has_work, self._recover, self._drain_work = step, has_work, recover, drain
+        self.after_step: Callable[[], None] | None = None  # tests hold the engine thread here between steps
+        self._wake = threading.Condition()
+        self._stopping = False
+        self._drained = threading.Event()  # set by the engine once stop's cancellations are done
+        self.thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self.thread = threading.Thread(target=self._run, name="seqserve-engine", daemon=True)
+        self.thread.start()
+
+    def wake(self) -> None:
+        with self._wake:
+            self._wake.notify()
+
+    def stop(self, timeout: float) -> bool:
+        """Asks the thread to end; it drains itself between two steps. True once drained; False if a step still
+        runs after `timeout` s (the thread then drains when that step returns)."""
+        with self._wake:
+            self._stopping = True
+            self._wake.notify()
+        if self.thread is None:  # never started (offline): no other thread touches its requests
+            self._drain()
+            return True
+        if not self._drained.wait(timeout):
+            log.warning("engine still in a step %.1fs after stop; it cancels its requests when the step returns",
+                        timeout)
+            return False
+        return True
+
+    def _drain(self) -> None:
+        try:
+            self._drain_work()
+        finally:
+            self._drained.set()
+
+    def _run(self) -> None:
+        while True:
+            with self._wake:
+                while not self._stopping and not self._has_work():
+                    self._wake.wait()
+                if self._stopping:
+                    break
+            try:
+                self._step()
+            except Exception:  # a bug outside any one request: never lose one, fail those still running
+                log.exception("engine step failed")
+                self._recover()
+            if self.after_step is not None:
+                self.after_step()
+        self._drain()

@@ -1,0 +1,60 @@
+"""The engine's shape, as docs/architecture.md describes it: collaborators composed rather than inherited, one writer
+of what goes back, a runner that sees ids and slot arrays only, a Request that stores its result once, and small
+files."""
+from __future__ import annotations
+
+import ast
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+import seqserve.engine
+from seqserve.engine.request import Request, RequestStatus, SamplingParams
+from seqserve.engine.running import Running
+
+ENGINE = Path(seqserve.engine.__file__).parent
+MAX_LINES = 300
+
+
+def _tree(name: str) -> ast.Module:
+    return ast.parse((ENGINE / name).read_text())
+
+
+def test_no_engine_class_inherits_from_another_engine_class():
+    own = {node.name for f in ENGINE.glob("*.py") for node in ast.walk(_tree(f.name)) if isinstance(node, ast.ClassDef)}
+    inherited = [(f.name, node.name, base.id) for f in ENGINE.glob("*.py") for node in ast.walk(_tree(f.name))
+                 if isinstance(node, ast.ClassDef) for base in node.bases
+                 if isinstance(base, ast.Name) and base.id in own]
+    assert inherited == []
+    assert not (ENGINE / "stepping.py").exists()
+
+
+def test_only_outputs_py_builds_events_and_results():
+    builders = sorted({f.name for f in ENGINE.glob("*.py") for node in ast.walk(_tree(f.name))
+                       if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                       and node.func.id in ("Event", "Result", "Sequence", "TokenLogprob")})
+    assert builders == ["outputs.py"]
+
+
+def test_the_runner_and_the_slots_never_see_a_request():
+    for name in ("runner.py", "slots.py"):
+        imported = [a.name for node in ast.walk(_tree(name)) if isinstance(node, ast.ImportFrom)
+                    for a in node.names]
+        assert "Request" not in imported, name
+    slots = [node for node in ast.walk(_tree("slots.py")) if isinstance(node, ast.ClassDef) and node.name == "Slots"]
+    assert "bos_id" not in ast.unparse(slots[0])  # it holds the decoder start id, and says so
+
+
+def test_a_request_stores_its_result_once_and_a_record_does_not_pose_as_one():
+    stored = {f.name for f in dataclasses.fields(Request)}
+    assert not stored & {"output_ids", "sequences", "text", "finish_reason", "error", "cross", "rng"}
+    r = Request([5], SamplingParams())
+    with pytest.raises(AttributeError):
+        r.output_ids = [1]  # derived from the result: nothing to keep in step
+    assert not {"params", "forced_bos"} & set(dir(Running))
+    assert [s.name for s in RequestStatus] == ["WAITING", "RUNNING", "FINISHED"]  # encoded is not a status
+
+
+def test_no_engine_file_is_over_300_lines():
+    assert {f.name: n for f in ENGINE.glob("*.py") if (n := len(f.read_text().splitlines())) > MAX_LINES} == {}
