@@ -53,10 +53,26 @@ class Served:
     def run_async(self, coro):
         return asyncio.run_coroutine_threadsafe(coro, self.loop)
 
+    @property
+    def model(self):
+        """The one model the app loaded (server/loading.py Loaded: engine, manifest, tokenizer, limits)."""
+        (loaded,) = self.app.models.values()
+        return loaded
+
+    @property
+    def engine(self):
+        """The one model's in-process Engine (tests hold and inspect it; the server reaches it only through
+        engine/api.py)."""
+        return engine_of(self.model)
+
+    @property
+    def runner(self):
+        return self.engine.runner
+
     def slow_down(self, seconds_per_step: float) -> None:
         """Makes every decoder step take longer, so generations are long enough to act on mid-way (0 undoes it)."""
         self.step_delay = seconds_per_step
-        runner = self.app.runner
+        runner = self.runner
         if "run_step" not in vars(runner):  # wrap the bound method the engine calls, once; the delay can change later
             step = runner.run_step
 
@@ -69,7 +85,7 @@ class Served:
     def gate(self) -> StepGate:
         """The engine's step gate (made once): close() holds the engine after its next step, open() lets it go on."""
         if getattr(self, "_gate", None) is None:
-            self._gate = StepGate(self.app.engine)
+            self._gate = StepGate(self.engine)
         return self._gate
 
     def metric(self, name: str, **labels) -> float:
@@ -85,6 +101,11 @@ class Served:
             self.run_async(self.app.close()).result(60)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(10)
+
+
+def engine_of(loaded):
+    """The Engine inside a loaded model's in-process EngineCore (engine/core.py)."""
+    return loaded.engine.engine
 
 
 class StepGate:
