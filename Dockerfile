@@ -16,6 +16,7 @@ COPY contract ./contract
 COPY model ./model
 COPY client ./client
 COPY export ./export
+COPY engine ./engine
 COPY server ./server
 COPY loadtest ./loadtest
 COPY checks ./checks

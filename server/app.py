@@ -1,4 +1,4 @@
-"""`seqserve serve`: builds runner + engine + service, serves gRPC (with health and reflection) and /metrics.
+"""`seqserve serve`: builds each model's engine and the service, serves gRPC (with health and reflection) and /metrics.
 
 Lifecycle: bind with health NOT_SERVING -> load each model and warm it up (off the event loop) -> SERVING.
 Several models (server/repository.py): each has its own engine and batch and its own health service name
@@ -20,17 +20,17 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
 
-from seqserve.engine.engine import Engine
-from seqserve.engine.runner import Runner
 from seqserve.server import signals
 from seqserve.server.auth import TokenAuth
 from seqserve.server.edge import Edge
+from seqserve.server.engine_metrics import EngineMetrics
 from seqserve.server.handlers import add_refusing
 from seqserve.server.health import Health
 from seqserve.server.loading import Loaded, load_model, model_info
 from seqserve.server.metrics import Metrics
 from seqserve.server.metrics_http import MetricsEndpoint
 from seqserve.server.model_defaults import request_defaults
+from seqserve.server.outbox import Outbox
 from seqserve.server.repository import Source, read_models, scan, split_threads
 from seqserve.server.served_model import ServedModel
 from seqserve.server.service import SERVICE_NAME, GenerationService
@@ -65,15 +65,6 @@ class App:
         self._reload_lock = asyncio.Lock()
         self._started = asyncio.Event()  # a SIGHUP before the first models are loaded waits for them
 
-    @property
-    def runner(self) -> Runner | None:
-        """The one model's runner (None while loading or with several models: see `models`)."""
-        return next(iter(self.models.values())).runner if len(self.models) == 1 else None
-
-    @property
-    def engine(self) -> Engine | None:
-        return next(iter(self.models.values())).engine if len(self.models) == 1 else None
-
     async def start(self) -> None:
         """Listens at once (health NOT_SERVING), then loads and warms up each model in a thread, then SERVING."""
         await self._listen()
@@ -87,9 +78,9 @@ class App:
                 await self._load_model(source, len(sources))
             await self._set_health(SERVING)
             self._started.set()
-            runner = next(iter(self.models.values())).runner  # every model runs on the same settings
+            info = next(iter(self.models.values())).engine.info  # every model runs on the same settings
             log.info("serving %s on %s:%d (%s, %s); %s", ", ".join(self.models), self.settings.bind, self.port,
-                     runner.provider, runner.variant, "metrics disabled" if self.metrics_port is None else
+                     info.provider, info.variant, "metrics disabled" if self.metrics_port is None else
                      f"metrics on {self.settings.metrics_bind}:{self.metrics_port}/metrics")
         except BaseException:
             await self.close(grace=0)
@@ -103,12 +94,19 @@ class App:
         used = sum(m.memory_bytes for n, m in self.models.items() if n != source.name)  # a new version replaces
         loaded = await asyncio.to_thread(self._load, source, split_threads(self.settings.intra_op_threads, n_models),
                                          used)
+        loaded.outbox = Outbox(asyncio.get_running_loop(), EngineMetrics(self.metrics.for_model(source.name)))
+        try:
+            await asyncio.to_thread(loaded.engine.start, loaded.outbox.deliver)
+        except BaseException:
+            await asyncio.to_thread(loaded.engine.stop)
+            raise
         self.models[source.name] = loaded
         self._report_gauges(source.name)
-        defaults = request_defaults(loaded.runner.manifest.generation, loaded.limits.default_max_new_tokens,
+        defaults = request_defaults(loaded.manifest.generation, loaded.limits.default_max_new_tokens,
                                     loaded.limits.max_num_beams)  # the model's generation defaults
-        replaced = self.service.open(loaded.engine, loaded.tokenizer, loaded.limits, model_info(loaded.runner),
-                                     defaults, name=source.name, memory_bytes=loaded.memory_bytes)
+        replaced = self.service.open(loaded.engine, loaded.outbox, loaded.tokenizer, loaded.limits,
+                                     model_info(loaded.engine, loaded.manifest), defaults, name=source.name,
+                                     memory_bytes=loaded.memory_bytes)
         await self.health.set(health_name(source.name), SERVING)
         if replaced is not None:
             log.info("model %s: its new version takes calls; the earlier one drains %d in flight", source.name,
@@ -117,11 +115,11 @@ class App:
 
     def _report_gauges(self, name: str) -> None:
         """A model's running, waiting and KV-cache gauges add up its versions (a replaced one still draining
-        included), each engine's values as its last step set them, so two versions never overwrite each other."""
+        included), each engine's values as its latest report left them, so two versions never overwrite each other."""
         def total(i: int):
             def read() -> float:  # at scrape time: the versions serving or draining then
                 versions = [m for m in (self.models.get(name), *self._retiring) if m and m.source.name == name]
-                return sum(m.engine.gauges[i] or 0 for m in versions)
+                return sum(m.outbox.metrics.gauge(i) for m in versions if m.outbox is not None)
             return read
 
         for i, gauge in enumerate((self.metrics.running, self.metrics.waiting, self.metrics.kv_cache_bytes)):
@@ -238,7 +236,7 @@ class App:
 
     def _load(self, source: Source, threads: int, used: int) -> Loaded:
         """Runs in a worker thread (server/loading.py): the memory budget, sessions, tokenizer, engine, warm-up."""
-        return load_model(self.settings, self.metrics, source, threads, used)
+        return load_model(self.settings, source, threads, used)
 
     async def _set_health(self, status) -> None:
         for service in ("", SERVICE_NAME):  # "" is the whole server, as load balancers ask

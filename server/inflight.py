@@ -10,7 +10,6 @@ import time
 
 import grpc
 
-from seqserve.engine.request import Request
 from seqserve.server.metrics import Metrics
 
 # The client's deadline runs out a little before the server's (the server's clock starts when the call arrives), so a
@@ -19,12 +18,13 @@ DEADLINE_SLACK_SECONDS = 0.05
 
 
 class Call:
-    """One RPC: its deadline, its request's bytes, and the Requests it submitted with the queue of each."""
+    """One RPC: its deadline, its request's bytes, and the requests it added to its model's engine: (id, the queue
+    their outputs arrive on)."""
 
     def __init__(self, context: grpc.aio.ServicerContext) -> None:
         remaining = context.time_remaining()
         self.deadline = None if remaining is None else time.monotonic() + remaining
-        self.rows: list[tuple[Request, asyncio.Queue]] = []
+        self.rows: list[tuple[int, asyncio.Queue]] = []
         self.bytes = 0  # its request's payload, held against max_inflight_bytes while the call lasts
         self.model = None  # the ServedModel it runs on, once its request named one (service._model)
 
@@ -35,9 +35,8 @@ class Call:
     def release(self) -> None:
         """The call ended: rows still in flight leave the batch, as DEADLINE when the call ended by its deadline (so
         the finish and the call's status agree with what the client saw), else CANCELLED."""
-        late = self.expired(time.monotonic())
-        for request, _ in self.rows:
-            request.cancel(deadline=late)
+        if self.model is not None:
+            self.model.cancel(self.rows, deadline=self.expired(time.monotonic()))
 
 
 class InFlight:
@@ -76,12 +75,12 @@ class InFlight:
         self.metrics.inflight_bytes.set(self.bytes)
 
     def abort(self) -> int:
-        """Every call still in flight ends UNAVAILABLE: its rows are cancelled, the engine ends them CANCELLED through
-        their sink (the one way back), and the service reads a CANCELLED finish of a live call as "the server
+        """Every call still in flight ends UNAVAILABLE: its rows are aborted, the engine ends them CANCELLED in its
+        reports (the one way back), and the service reads a CANCELLED finish of a live call as "the server
         stopped". Returns how many calls there were."""
         for call in self.calls:
-            for row, _ in call.rows:
-                row.cancel()
+            if call.model is not None:
+                call.model.cancel(call.rows)
         return len(self.calls)
 
     async def wait_idle(self, timeout: float) -> bool:

@@ -1,23 +1,20 @@
-"""Loading one model for the server: its bundle checked, its memory within the budget, its onnxruntime sessions,
-tokenizer, scheduler and engine built, and one warm-up generation before it takes calls."""
+"""Loading one model for the server: its bundle checked, its memory within the budget, and its engine built and
+warmed up (engine/build.py) before it takes calls. The edge reads the manifest itself; the engine it gets back is an
+EngineClient (engine/api.py), the only way it ever talks to it."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-import onnxruntime as ort
-
 from seqserve.contract.integrity import check_graphs, open_bundle
+from seqserve.contract.manifest import Manifest
+from seqserve.engine.api import EngineClient
+from seqserve.engine.build import EngineConfig, build
 from seqserve.engine.device import RuntimeConfig
-from seqserve.engine.engine import Engine
-from seqserve.engine.request import Request, SamplingParams
-from seqserve.engine.runner import Runner
-from seqserve.engine.scheduler import Scheduler, SchedulerConfig
-from seqserve.server.metrics import Metrics
+from seqserve.engine.scheduler import SchedulerConfig
 from seqserve.server.model_defaults import default_max_new_tokens, info_entries
+from seqserve.server.outbox import Outbox
 from seqserve.server.repository import Source, memory_bytes
-from seqserve.server.settings import Settings, SettingsError, env_name
-
-WARMUP_TEXT = "warm up"
+from seqserve.server.settings import Limits, Settings, SettingsError, env_name
 
 
 class ModelError(SettingsError):
@@ -27,18 +24,20 @@ class ModelError(SettingsError):
 
 @dataclass
 class Loaded:
-    """A model the app loaded: where from, its runner and engine, what it may take in memory."""
+    """A model the app loaded: where from, its engine, the manifest and tokenizer the edge read, its limits and
+    what it may take in memory; outbox: where its engine's reports go, once the app started it."""
 
     source: Source
-    runner: Runner
-    engine: Engine
+    engine: EngineClient
+    manifest: Manifest
     tokenizer: object
-    limits: object
+    limits: Limits
     memory_bytes: int
+    outbox: Outbox | None = None
 
 
-def load_model(s: Settings, metrics: Metrics, source: Source, threads: int, used: int) -> Loaded:
-    """Runs in a worker thread: the memory budget, onnxruntime sessions, tokenizer, engine, one warm-up.
+def load_model(s: Settings, source: Source, threads: int, used: int) -> Loaded:
+    """Runs in a worker thread: the memory budget, then the engine built and warmed up (not started).
     used: the bytes the models already loaded may take; threads: this model's intra-op threads."""
     bundle = source.path
     manifest, tokenizer = open_bundle(bundle)
@@ -54,32 +53,19 @@ def load_model(s: Settings, metrics: Metrics, source: Source, threads: int, used
     runtime = RuntimeConfig(device=s.device, intra_op_threads=threads,
                             inter_op_threads=s.inter_op_threads, allow_spinning=s.allow_spinning,
                             cuda_tf32=s.cuda_tf32, cuda_graphs=s.cuda_graphs)
-    runner = Runner(bundle, runtime, s.variant, capacity=s.max_batch_size, kv_cache=s.kv_cache)
-    scheduler = Scheduler(SchedulerConfig.from_settings(s, runner.cross_bytes_per_token))
-    engine = Engine(runner, tokenizer, scheduler, metrics.for_model(source.name),
-                    stream_interval=s.stream_interval)
-    warm_up(engine, tokenizer)
-    engine.start()
-    return Loaded(source, runner, engine, tokenizer, limits, memory)
+    cfg = EngineConfig(bundle, variant=s.variant, runtime=runtime, kv_cache=s.kv_cache,
+                       scheduler=SchedulerConfig.from_settings(s, 0), stream_interval=s.stream_interval)
+    return Loaded(source, start_engine(cfg, tokenizer), manifest, tokenizer, limits, memory)
 
 
-def warm_up(engine: Engine, tokenizer) -> None:
-    """One short generation before SERVING, so the first client does not pay for onnxruntime's first run."""
-    request = Request(tokenizer.encode(WARMUP_TEXT).ids, SamplingParams(max_new_tokens=2))
-    exported, engine.metrics = engine.metrics, Metrics().for_model("")  # warm-up is not traffic: off /metrics
-    try:
-        engine.generate([request])
-    finally:
-        engine.metrics = exported
-    if request.error is not None:
-        raise RuntimeError(f"warm-up generation failed: {request.error}")
+def start_engine(cfg: EngineConfig, tokenizer) -> EngineClient:
+    """The engine of one model, built and warmed up; the app starts it with its deliver callback."""
+    return build(cfg, tokenizer)
 
 
-def model_info(runner: Runner) -> dict:
-    """GetModelInfo's facts of a loaded model (service.py types them)."""
-    manifest = runner.manifest
-    quality = manifest.variants[runner.variant].get("quality", {})
-    return dict(config=dict(manifest.model) | info_entries(manifest.generation),
-                bundle_format_version=manifest.format_version, variant=runner.variant,
-                execution_provider=runner.provider, onnxruntime_version=ort.__version__,
-                quality={k: float(v) for k, v in quality.items() if isinstance(v, (int, float))})
+def model_info(engine: EngineClient, manifest: Manifest) -> dict:
+    """GetModelInfo's facts of a loaded model (service.py types them): the engine's, and the model's generation
+    defaults as config entries."""
+    info = dict(engine.info.model_info)
+    info["config"] = dict(info["config"]) | info_entries(manifest.generation)
+    return info

@@ -1,42 +1,58 @@
-"""The service's Sink: a request's Events cross from the engine thread to the gRPC event loop, one hop per step.
+"""The one way back from an engine: its StepReports reach the gRPC event loop, one hop per report.
 
-The engine puts events during a step and flushes once at its end, so 64 streams advancing together cost one
-call_soon_threadsafe per step, not 64. Each request's events land on its own asyncio.Queue, opened by the service.
+An engine calls deliver once per step, from its own thread (engine/core.py) or on the loop itself (a client that
+reads another process's reports there). Each hop first applies the step's figures to the metrics, then hands every
+Output to its request's asyncio.Queue, so a client that has its answer finds it counted. A request's queue closes
+with its last output (the one that carries its Result).
 """
 from __future__ import annotations
 
 import asyncio
 
-from seqserve.engine.request import Event, Request
+from seqserve.engine.api import StepReport
+from seqserve.server.engine_metrics import EngineMetrics
 
 
 class Outbox:
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
+    def __init__(self, loop: asyncio.AbstractEventLoop, metrics: EngineMetrics) -> None:
+        self.loop, self.metrics = loop, metrics
         self._queues: dict[int, asyncio.Queue] = {}  # request id -> its queue (touched only on the event loop)
-        self._pending: list[tuple[int, Event]] = []  # filled and flushed only by the engine thread
 
-    def open(self, request: Request) -> asyncio.Queue:
-        """Event loop: the queue this request's events arrive on (call before submitting it)."""
-        queue = self._queues[request.id] = asyncio.Queue()
+    def open(self, request_id: int) -> asyncio.Queue:
+        """Event loop: the queue this request's outputs arrive on (opened before the engine has the request)."""
+        queue = self._queues[request_id] = asyncio.Queue()
         return queue
 
-    def put(self, request: Request, event: Event) -> None:
-        self._pending.append((request.id, event))
+    def is_open(self, request_id: int) -> bool:
+        """Whether the request's last output is still to come (the engine may still hold it)."""
+        return request_id in self._queues
 
-    def flush(self) -> None:
-        if not self._pending:
-            return
-        batch, self._pending = self._pending, []
+    def close(self, request_id: int) -> None:
+        """The engine never took the request (a refused add): nothing will arrive."""
+        self._queues.pop(request_id, None)
+
+    def deliver(self, report: StepReport) -> None:
+        """The engine's callback (api.Deliver), from any thread: one hop to the event loop."""
         try:
-            self.loop.call_soon_threadsafe(self._deliver, batch)
+            if _running_loop() is self.loop:
+                self.loop.call_soon(self._dispatch, report)  # after the reports already queued: order holds
+            else:
+                self.loop.call_soon_threadsafe(self._dispatch, report)
         except RuntimeError:  # the event loop is closed (shutdown): nobody is waiting any more
             pass
 
-    def _deliver(self, batch: list[tuple[int, Event]]) -> None:
-        for request_id, event in batch:
-            queue = self._queues.get(request_id)
+    def _dispatch(self, report: StepReport) -> None:
+        self.metrics.apply(report.stats)
+        for out in report.outputs:
+            queue = self._queues.get(out.request_id)
             if queue is not None:
-                queue.put_nowait(event)
-            if event.finish_reason is not None:
-                self._queues.pop(request_id, None)
+                queue.put_nowait(out)
+            if out.result is not None:
+                self._queues.pop(out.request_id, None)
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None

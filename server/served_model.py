@@ -1,4 +1,5 @@
-"""One served model as the gRPC edge sees it: its engine, tokenizer, limits, ModelInfo, and its calls in flight.
+"""One served model as the gRPC edge sees it: its engine (an api.EngineClient), the outbox its reports arrive in,
+its tokenizer, limits, ModelInfo, and its calls in flight.
 
 The service keeps one per name; a changed or removed model leaves the service's table at once (new calls go to its
 new version, or get NOT_FOUND) and drains: its calls in flight finish on its own engine, which then stops.
@@ -8,6 +9,7 @@ from __future__ import annotations
 import asyncio
 
 from seqserve.contract.languages import Languages
+from seqserve.engine.api import EngineClient
 from seqserve.engine.request import SamplingParams
 from seqserve.server.inflight import Call
 from seqserve.server.metrics import ModelMetrics
@@ -16,20 +18,14 @@ from seqserve.server.settings import Limits
 
 
 class ServedModel:
-    def __init__(self, name: str, engine, tokenizer, limits: Limits, info, defaults: SamplingParams,
-                 max_chars: int, metrics: ModelMetrics, memory_bytes: int = 0) -> None:
-        self.name, self.engine, self.tokenizer, self.limits = name, engine, tokenizer, limits
+    def __init__(self, name: str, engine: EngineClient, outbox: Outbox, tokenizer, limits: Limits, info,
+                 defaults: SamplingParams, max_chars: int, metrics: ModelMetrics, memory_bytes: int = 0) -> None:
+        self.name, self.engine, self.outbox, self.tokenizer, self.limits = name, engine, outbox, tokenizer, limits
         self.info, self.defaults, self.max_chars, self.metrics = info, defaults, max_chars, metrics
         self.memory_bytes = memory_bytes
-        self.languages: Languages | None = None  # a multilingual model's (the manifest's), set by the service
-        self.outbox: Outbox | None = None  # the engine's events for the service's event loop (made there, once)
+        self.languages = Languages.from_dict(engine.info.languages)  # a multilingual model's
         self.calls: set[Call] = set()  # calls in flight on this model
         self._idle: asyncio.Event | None = None
-
-    def outbox_for(self, loop: asyncio.AbstractEventLoop) -> Outbox:
-        if self.outbox is None:
-            self.outbox = Outbox(loop)
-        return self.outbox
 
     def enter(self, call: Call) -> None:
         self.calls.add(call)
@@ -52,9 +48,15 @@ class ServedModel:
         except TimeoutError:
             return False
 
+    def cancel(self, rows: list[tuple[int, asyncio.Queue]], deadline: bool = False) -> None:
+        """The engine ends these rows at its next step (DEADLINE or CANCELLED), each with its last output; a row
+        whose last output already came is not asked about again."""
+        for request_id, _ in rows:
+            if self.outbox.is_open(request_id):
+                self.engine.abort(request_id, deadline=deadline)
+
     def abort(self) -> int:
         """This model's calls still in flight end UNAVAILABLE (as InFlight.abort does for the whole server)."""
         for call in self.calls:
-            for row, _ in call.rows:
-                row.cancel()
+            self.cancel(call.rows)
         return len(self.calls)

@@ -1,31 +1,31 @@
-"""The gRPC edge (grpc.aio): validate -> Request -> engine.submit -> await the engine's events -> protobuf.
+"""The gRPC edge (grpc.aio): validate -> EngineRequest -> engine.add -> await the engine's outputs -> protobuf.
 
 Protobuf stays at this edge: only this module and responses.py (the result -> message builders) import generated
-code (client.py is the client's side). Events
-come from the engine thread through the Outbox (one loop hop per engine step) into one asyncio.Queue per request, so
-the event loop never waits on inference.
+code (client.py is the client's side). The engine is an api.EngineClient, whatever runs it: its reports reach the
+event loop through the model's Outbox (one hop per engine step) and each Output lands on its request's asyncio.Queue,
+so the event loop never waits on inference.
 """
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import dataclasses
+import itertools
 import logging
 import secrets
 import time
 
 import grpc
 
-from seqserve.contract.languages import Languages
-from seqserve.engine.finish import ERROR_MESSAGE
-from seqserve.engine.request import FinishReason, Request, Result, SamplingParams
-from seqserve.engine.scheduler import QueueFull
+from seqserve.engine.api import EngineClient, EngineRequest, QueueFull
+from seqserve.engine.request import FinishReason, Result, SamplingParams
 from seqserve.server import options
 from seqserve.server.echo import listed, quoted
 from seqserve.server.handlers import Undecodable, add_generation_service
 from seqserve.server.inflight import Call, InFlight
 from seqserve.server.languages import LanguageRefused, RequestLanguages, resolve
 from seqserve.server.metrics import Metrics
+from seqserve.server.outbox import Outbox
 from seqserve.server.responses import config_value, option_ranges, response, summary
 from seqserve.server.served_model import ServedModel
 from seqserve.server.settings import Limits
@@ -38,6 +38,8 @@ Code = grpc.StatusCode
 _ABORTS = (FinishReason.DEADLINE, FinishReason.CANCELLED, FinishReason.ERROR)  # ends the call with a non-OK status
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Generation"].full_name  # seqserve.v1.Generation
 _CHARS_PER_TOKEN_SLACK = 4  # NFC may compose up to 3 characters into one, so this bound never rejects a valid input
+# INTERNAL's details for a failure of the edge itself (the engine words its own in Result.error): names no internals
+EDGE_ERROR_MESSAGE = "the server failed to answer this call; the server log has the details"
 
 
 class Rejected(Exception):
@@ -62,13 +64,14 @@ class GenerationService(pb_grpc.GenerationServicer):
         self.draining = False
         self.held: asyncio.Event | None = None  # the drain's last moment: new calls wait for it before their answer
         self.inflight = InFlight(metrics)
+        self._ids = itertools.count(1)  # every EngineRequest's id: unique server-wide, so within any one engine
 
-    def open(self, engine, tokenizer, limits: Limits, model: dict,
+    def open(self, engine: EngineClient, outbox: Outbox, tokenizer, limits: Limits, model: dict,
              defaults: SamplingParams = options.NO_DEFAULTS, name: str = "", memory_bytes: int = 0
              ) -> ServedModel | None:
-        """Starts answering generation calls for a model (the app calls it once the model is loaded and warmed up).
-        defaults: the model's generation defaults, which options a request leaves unset take. Returns the model's
-        earlier version it replaces (to drain), if any."""
+        """Starts answering generation calls for a model (the app calls it once its engine is started, its reports
+        going to outbox). defaults: the model's generation defaults, which options a request leaves unset take.
+        Returns the model's earlier version it replaces (to drain), if any."""
         max_chars = limits.max_input_tokens * max(map(len, tokenizer.get_vocab())) * _CHARS_PER_TOKEN_SLACK
         config = {k: config_value(v) for k, v in model.pop("config").items()}
         info = pb.ModelInfo(limits=pb.Limits(**dataclasses.asdict(limits)), config=config,
@@ -79,8 +82,8 @@ class GenerationService(pb_grpc.GenerationServicer):
                             "onnxruntime_version": model["onnxruntime_version"]})
         metrics.model_memory.set(memory_bytes)
         metrics.model_state.set(1)
-        served = ServedModel(name, engine, tokenizer, limits, info, defaults, max_chars, metrics, memory_bytes)
-        served.languages = Languages.from_dict(engine.runner.manifest.languages)  # a multilingual model's
+        served = ServedModel(name, engine, outbox, tokenizer, limits, info, defaults, max_chars, metrics,
+                             memory_bytes)
         if served.languages is not None:
             info.languages.update(served.languages.codes)
             info.source_language_placement = served.languages.source_placement
@@ -94,23 +97,6 @@ class GenerationService(pb_grpc.GenerationServicer):
         if served is not None:
             served.metrics.model_state.set(0)
         return served
-
-    @property
-    def one(self) -> ServedModel | None:
-        """The one model (None while loading, or when several are served): the one-model path and its tests."""
-        return next(iter(self.models.values())) if len(self.models) == 1 else None
-
-    @property
-    def engine(self):
-        return None if self.one is None else self.one.engine
-
-    @property
-    def limits(self) -> Limits | None:
-        return None if self.one is None else self.one.limits
-
-    @property
-    def tokenizer(self):
-        return None if self.one is None else self.one.tokenizer
 
     def add_to(self, server: grpc.aio.Server) -> None:
         add_generation_service(self, server)  # the generated handlers, with decoders that never raise
@@ -148,7 +134,7 @@ class GenerationService(pb_grpc.GenerationServicer):
                 raise
             except Exception:
                 log.exception("%s failed", method)
-                code, message = Code.INTERNAL, ERROR_MESSAGE  # the log has the exception: the client sees no repr
+                code, message = Code.INTERNAL, EDGE_ERROR_MESSAGE  # the log has the exception: the client sees no repr
             finally:
                 call.release()
                 self.metrics.requests.labels(_label(call), method, code.name).inc()
@@ -210,16 +196,16 @@ class GenerationService(pb_grpc.GenerationServicer):
             self._submit(call, [row])
             queue = call.rows[0][1]
             while True:
-                events = [await queue.get()]
+                outputs = [await queue.get()]
                 while not queue.empty():  # a slow reader gets the backlog in one message
-                    events.append(queue.get_nowait())
-                piece = pb.GenerateStreamResponse(text="".join(e.text for e in events),
-                                                  token_ids=[t for e in events for t in e.token_ids])
-                end = events[-1]
+                    outputs.append(queue.get_nowait())
+                piece = pb.GenerateStreamResponse(text="".join(o.text for o in outputs),
+                                                  token_ids=[t for o in outputs for t in o.token_ids])
+                end = outputs[-1]
                 if end.result is None:
                     yield piece
                     continue
-                aborted = end.finish_reason in _ABORTS
+                aborted = end.result.finish_reason in _ABORTS
                 if aborted and (piece.text or piece.token_ids):  # what came before an abort still reaches the client
                     yield piece
                     piece = pb.GenerateStreamResponse()
@@ -251,7 +237,7 @@ class GenerationService(pb_grpc.GenerationServicer):
         """Validated decoding options (INVALID_ARGUMENT names the field); the seed is chosen per input."""
         try:
             return options.sampling_params(o, call.model.limits, call.model.defaults,
-                                           forced_eos=call.model.engine.constraints.forced_eos is not None)
+                                           forced_eos=call.model.engine.info.forced_eos)
         except options.InvalidOption as exc:
             raise Rejected(Code.INVALID_ARGUMENT, str(exc), "invalid_argument") from None
 
@@ -277,7 +263,7 @@ class GenerationService(pb_grpc.GenerationServicer):
             raise Rejected(Code.INVALID_ARGUMENT, str(exc), "invalid_argument") from None
 
     def _new_request(self, call: Call, text: str, field: str, params: SamplingParams, stream: bool,
-                     langs: RequestLanguages | None = None) -> Request:
+                     langs: RequestLanguages | None = None) -> EngineRequest:
         model = call.model
         _check(text.strip() != "", f"{field} must not be empty or whitespace")
         most = model.limits.max_input_tokens
@@ -289,32 +275,33 @@ class GenerationService(pb_grpc.GenerationServicer):
         _check(len(ids) <= most, f"{field} has {len(ids)} tokens, more than max_input_tokens={most}")
         if params.seed is None:
             params = dataclasses.replace(params, seed=secrets.randbits(64))  # returned to the client
-        return Request(ids, params, sink=model.outbox_for(asyncio.get_running_loop()), stream=stream,
-                       deadline=call.deadline, forced_bos=None if langs is None else langs.target_token)
+        return EngineRequest(next(self._ids), tuple(ids), params, stream=stream, deadline=call.deadline,
+                             forced_bos=None if langs is None else langs.target_token)
 
-    def _submit(self, call: Call, rows: list[Request]) -> None:
-        """Queues every row or none: a call the queue cannot take whole gets RESOURCE_EXHAUSTED at once."""
-        engine = call.model.engine
-        scheduler = engine.scheduler
-        free = scheduler.cfg.max_waiting - scheduler.n_waiting  # only this loop adds, so it can only grow meanwhile
-        if len(rows) > free:
-            raise Rejected(Code.RESOURCE_EXHAUSTED, f"queue full: {scheduler.n_waiting} requests waiting "
-                                                    f"(max_waiting={scheduler.cfg.max_waiting})", "queue_full")
-        for row in rows:
-            queue = row.sink.open(row)
-            try:
-                engine.submit(row)
-            except QueueFull as exc:  # cannot happen after the check above; kept so a call never half-queues
-                raise Rejected(Code.RESOURCE_EXHAUSTED, f"queue full: {exc}", "queue_full") from exc
-            call.rows.append((row, queue))
+    def _submit(self, call: Call, rows: list[EngineRequest]) -> None:
+        """Queues every row or none: a call the engine cannot take whole gets RESOURCE_EXHAUSTED at once."""
+        model = call.model
+        queues = [model.outbox.open(row.id) for row in rows]  # open first: the engine may answer at once
+        try:
+            model.engine.add(rows)
+        except QueueFull as exc:
+            for row in rows:
+                model.outbox.close(row.id)
+            raise Rejected(Code.RESOURCE_EXHAUSTED, f"queue full: {exc}", "queue_full") from None
+        except BaseException:
+            for row in rows:
+                model.outbox.close(row.id)
+            raise
+        call.rows.extend((row.id, queue) for row, queue in zip(rows, queues))
+        model.metrics.input_tokens.inc(sum(len(row.input_ids) for row in rows))
 
     @staticmethod
     async def _result(queue: asyncio.Queue) -> Result:
         while True:
-            event = await queue.get()
-            if event.result is not None:
-                _raise_for_end(event.result)
-                return event.result
+            output = await queue.get()
+            if output.result is not None:
+                _raise_for_end(output.result)
+                return output.result
 
 
 def _label(call: Call) -> str:
@@ -325,7 +312,7 @@ def _label(call: Call) -> str:
 def _raise_for_end(result: Result) -> None:
     """Turns a result that is not a normal finish into the call's status."""
     if result.error is not None or result.finish_reason is FinishReason.ERROR:
-        raise Rejected(Code.INTERNAL, result.error or ERROR_MESSAGE)
+        raise Rejected(Code.INTERNAL, result.error or EDGE_ERROR_MESSAGE)
     if result.finish_reason is FinishReason.DEADLINE:
         raise Rejected(Code.DEADLINE_EXCEEDED, "the deadline passed before the generation finished")
     if result.finish_reason is FinishReason.CANCELLED:  # only the engine stopping cancels a row whose call is alive

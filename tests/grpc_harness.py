@@ -53,10 +53,31 @@ class Served:
     def run_async(self, coro):
         return asyncio.run_coroutine_threadsafe(coro, self.loop)
 
+    def settle(self) -> None:
+        """Returns once the event loop has handled every engine report delivered before this call (each report is one
+        hop to the loop: its metrics and outputs land there, a moment after the engine's step)."""
+        self.run_async(asyncio.sleep(0)).result(30)
+
+    @property
+    def model(self):
+        """The one model the app loaded (server/loading.py Loaded: engine, manifest, tokenizer, limits)."""
+        (loaded,) = self.app.models.values()
+        return loaded
+
+    @property
+    def engine(self):
+        """The one model's in-process Engine (tests hold and inspect it; the server reaches it only through
+        engine/api.py)."""
+        return engine_of(self.model)
+
+    @property
+    def runner(self):
+        return self.engine.runner
+
     def slow_down(self, seconds_per_step: float) -> None:
         """Makes every decoder step take longer, so generations are long enough to act on mid-way (0 undoes it)."""
         self.step_delay = seconds_per_step
-        runner = self.app.runner
+        runner = self.runner
         if "run_step" not in vars(runner):  # wrap the bound method the engine calls, once; the delay can change later
             step = runner.run_step
 
@@ -69,7 +90,7 @@ class Served:
     def gate(self) -> StepGate:
         """The engine's step gate (made once): close() holds the engine after its next step, open() lets it go on."""
         if getattr(self, "_gate", None) is None:
-            self._gate = StepGate(self.app.engine)
+            self._gate = StepGate(self.engine, self.settle)
         return self._gate
 
     def metric(self, name: str, **labels) -> float:
@@ -87,12 +108,17 @@ class Served:
         self.thread.join(10)
 
 
+def engine_of(loaded):
+    """The Engine inside a loaded model's in-process EngineCore (engine/core.py)."""
+    return loaded.engine.engine
+
+
 class StepGate:
     """Holds the engine thread between two steps (Engine.after_step calls it after every step), so a test acts at an
     exact step, event-driven: "cancel after k tokens" is exact on any machine, with no timing window."""
 
-    def __init__(self, engine) -> None:
-        self.engine = engine
+    def __init__(self, engine, settle=None) -> None:
+        self.engine, self.settle = engine, settle  # settle (Served.settle): the held step's report has landed
         self._cond = threading.Condition()
         self._closed = False
         self._allowed = 0  # steps the engine may still take while the gate is closed
@@ -125,6 +151,8 @@ class StepGate:
             self.held.clear()
             self._cond.notify_all()
         wait_for(lambda: self.held.is_set() and not self._allowed, what=f"{steps} more steps")
+        if self.settle is not None:
+            self.settle()
 
     def open(self) -> None:
         """Lets the engine go on; its next schedule looks at every cancel and deadline at once."""
@@ -135,6 +163,8 @@ class StepGate:
 
     def wait_held(self, timeout: float = 30) -> None:
         assert self.held.wait(timeout), "the engine never reached the gate"
+        if self.settle is not None:
+            self.settle()
 
 
 def wait_for(predicate, timeout: float = 20, what: str = "condition") -> None:

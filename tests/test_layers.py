@@ -36,6 +36,11 @@ ALLOWED = {  # package -> the packages it may import
 # What of the client the server takes: the conventions both ends of a call share (the default port, a field's flag
 # name, boolean words; the bearer token's metadata key and scheme). Never the generation client or the commands.
 SERVER_FROM_CLIENT = {"seqserve.client.flags", "seqserve.client.channel"}
+# What of the engine the gRPC edge's calls take: its narrow interface and the value types it carries. Only
+# server/loading.py, which builds an engine, reaches further (engine/build.py and the configs build takes).
+EDGE_FROM_ENGINE = {"seqserve.engine.api", "seqserve.engine.request"}
+EDGE_CALL_PATH = {f"seqserve.server.{m}" for m in ("app", "service", "served_model", "inflight", "outbox",
+                                                     "engine_metrics", "options", "responses")}
 # The loadtest modules that run the engine in their own process, without gRPC: every benchmark row (the offline
 # engine row server_bench compares the gRPC path against included), the graph-loop row, the engine, node and step
 # profilers, and the provider probe. Every other loadtest module (locustfile, grpc_user, driver, command, sweep, ...)
@@ -113,6 +118,24 @@ def test_the_server_takes_only_the_shared_conventions_from_the_client():
     wrong = sorted({f"{m} imports {t}" for m, imports in GRAPH.items() if _package(m) == "server"
                     for t, _ in imports if _package(t) == "client" and not t.startswith(tuple(SERVER_FROM_CLIENT))})
     assert not wrong, "\n".join(wrong)
+
+
+def _edge_engine_imports(modules: dict[str, list[tuple[str, bool]]]) -> list[str]:
+    """`m imports t` for each module m of EDGE_CALL_PATH that imports anything of the engine but EDGE_FROM_ENGINE."""
+    return sorted({f"{m} imports {t}" for m, imports in modules.items() if m in EDGE_CALL_PATH
+                   for t, _ in imports if _package(t) == "engine" and ".".join(t.split(".")[:3]) not in
+                   EDGE_FROM_ENGINE})
+
+
+def test_the_edge_talks_to_an_engine_only_through_its_interface():
+    """The service and everything a call goes through import only engine/api.py and engine/request.py: never the
+    scheduler, the runner, the Engine or its in-process core."""
+    assert EDGE_CALL_PATH <= set(MODULES), sorted(EDGE_CALL_PATH - set(MODULES))
+    wrong = _edge_engine_imports(GRAPH)
+    assert not wrong, "\n".join(wrong)
+    bad = {"seqserve.server.service": [("seqserve.engine.api", False), ("seqserve.engine.scheduler.QueueFull", False)],
+           "seqserve.server.loading": [("seqserve.engine.build", False)]}
+    assert _edge_engine_imports(bad) == ["seqserve.server.service imports seqserve.engine.scheduler.QueueFull"]
 
 
 def test_only_the_engine_offline_loadtest_modules_import_the_server():

@@ -118,7 +118,7 @@ def test_rows_and_cache_return_to_idle_after_beams_including_cancelled(make_serv
     gate.wait_held()
     assert s.metric("seqserve_running_requests") == 4, "four beam rows in the batch"
     assert s.metric("seqserve_kv_cache_bytes") > 0, "their cache counted"
-    (row,) = s.app.engine.scheduler.running
+    (row,) = s.engine.scheduler.running
     stream.cancel()
     wait_for(lambda: row.cancelled, what="the cancel to reach the request")
     gate.open()

@@ -75,7 +75,7 @@ def test_model_info_config_values_are_typed(served):
     kinds = {k: v.WhichOneof("kind") for k, v in info.config.items()}
     assert kinds["d_model"] == kinds["vocab_size"] == kinds["eos_id"] == "int_value"
     assert kinds["dropout"] == "double_value" and kinds["norm_first"] == "bool_value"
-    manifest = served.app.runner.manifest.model
+    manifest = served.model.manifest.model
     with Client(served.address) as client:
         config = client.model_info()["config"]
     assert config == manifest and all(type(config[k]) is type(v) for k, v in manifest.items())

@@ -191,7 +191,7 @@ def test_serving_with_cuda_graphs_on_the_cpu_ignores_them_and_serves_todays_text
     from seqserve.v1 import seqserve_pb2 as pb
 
     server = make_server(cuda_graphs=True)
-    runner = server.app.runner
+    runner = server.runner
     if DEVICE == "cpu":  # --cuda-graphs is a CUDA setting: the CPU keeps its numpy cache and plain runs
         assert not runner.device.cuda_graphs and isinstance(runner.cache, InPlaceCache)
     for source, _ in heldout[:4]:

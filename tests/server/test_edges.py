@@ -67,7 +67,7 @@ def test_cancel_mid_stream_frees_the_slot(make_server, heldout):
     gate.wait_held()
     assert s.metric("seqserve_running_requests") == 1, "the row in the batch"
     assert s.metric("seqserve_kv_cache_bytes") > 0, "the row's cache counted"
-    (row,) = s.app.engine.scheduler.running
+    (row,) = s.engine.scheduler.running
     stream.cancel()
     wait_for(lambda: row.cancelled, what="the cancel to reach the request")
     gate.open()
@@ -134,7 +134,7 @@ def test_queue_full_is_resource_exhausted_at_once(make_server, heldout):
     running = s.stub.GenerateStream(request(heldout[0][0], **LONG), timeout=60)
     next(running)
     waiting = s.stub.Generate.future(request(heldout[1][0], **LONG), timeout=60)
-    wait_for(lambda: s.app.engine.scheduler.n_waiting == 1, what="a full queue")
+    wait_for(lambda: s.engine.scheduler.n_waiting == 1, what="a full queue")
     err = _rpc_error(s.stub.Generate, request(heldout[2][0]), timeout=60)
     assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "max_waiting=1" in err.details()
     err = _rpc_error(s.stub.GenerateBatch, pb.GenerateBatchRequest(inputs=[heldout[2][0]]), timeout=60)
@@ -153,10 +153,10 @@ def test_batch_is_queued_whole_or_not_at_all(make_server, heldout):
     running = s.stub.GenerateStream(request(heldout[0][0], **LONG), timeout=60)
     next(running)
     waiting = s.stub.Generate.future(request(heldout[1][0], **LONG), timeout=60)
-    wait_for(lambda: s.app.engine.scheduler.n_waiting == 1, what="one waiting request")
+    wait_for(lambda: s.engine.scheduler.n_waiting == 1, what="one waiting request")
     err = _rpc_error(s.stub.GenerateBatch, pb.GenerateBatchRequest(inputs=[h[0] for h in heldout[2:5]]), timeout=60)
     assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-    assert s.app.engine.scheduler.n_waiting == 1  # nothing queued
+    assert s.engine.scheduler.n_waiting == 1  # nothing queued
     gate.open()
     ok = s.stub.GenerateBatch(pb.GenerateBatchRequest(inputs=[h[0] for h in heldout[2:4]]), timeout=60)
     assert [r.text for r in ok.results] == [h[1] for h in heldout[2:4]]

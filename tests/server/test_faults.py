@@ -83,8 +83,8 @@ def test_only_the_poisoned_request_fails_and_its_batch_mates_are_untouched(setup
 
 
 def test_the_client_gets_internal_without_internals_and_the_error_is_counted(served):
-    runner = served.app.runner
-    poison_decoder(runner, served.app.service.tokenizer.encode(POISON).ids)
+    runner = served.runner
+    poison_decoder(runner, served.model.tokenizer.encode(POISON).ids)
     try:
         ok = served.stub.Generate.future(pb.GenerateRequest(input="a b c", options=pb.DecodingOptions()), timeout=30)
         with pytest.raises(grpc.RpcError) as err:

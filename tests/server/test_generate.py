@@ -78,7 +78,7 @@ def test_a_request_joining_mid_generation_changes_nobody(make_server, heldout):
     stream = s.stub.GenerateStream(request(first, **long_first), timeout=60)
     pieces = [next(stream)]  # the first request is mid-generation now
     joined = s.stub.Generate.future(request(second), timeout=60)
-    wait_for(lambda: s.app.engine.scheduler.n_waiting == 1, what="the joining request queued")
+    wait_for(lambda: s.engine.scheduler.n_waiting == 1, what="the joining request queued")
     gate.open()
     wait_for(joined.done, what="the joining request")
     pieces += list(stream)

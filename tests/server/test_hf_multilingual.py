@@ -138,7 +138,7 @@ def test_rows_of_different_languages_share_a_batch_and_equal_each_alone(family, 
                                   options=pb.DecodingOptions(max_new_tokens=MAX_NEW, num_beams=beams))
 
     alone = [server.stub.Generate(req(*c), timeout=60) for c in calls]
-    runner, scheduler = server.app.runner, server.app.engine.scheduler
+    runner, scheduler = server.runner, server.engine.scheduler
     gate, batches, step = threading.Event(), [], runner.run_step
 
     def held_step(*args):

@@ -176,9 +176,9 @@ def test_serving_an_imported_model_loads_no_torch_transformers_or_sentencepiece(
             "from seqserve.server.repository import scan\n"
             f"app = App(st.Settings(bundle={str(bundle)!r}, intra_op_threads=1))\n"
             "(source,) = scan(app.settings).values()\n"
-            "engine = app._load(source, 1, 0).engine\n"
-            "engine.stop()\n"
-            "assert engine.constraints.active  # the model's token rules are in force\n"
+            "core = app._load(source, 1, 0).engine\n"
+            "core.stop()\n"
+            "assert core.engine.constraints.active  # the model's token rules are in force\n"
             "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers', 'sentencepiece'))\n"
             "assert not heavy, heavy\n")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

@@ -118,7 +118,7 @@ def test_over_a_real_server_the_failing_call_gets_internal_and_its_mates_are_unt
     mates = [s.stub.GenerateStream(request(src, max_new_tokens=MAX_NEW), timeout=30) for src in sources[:3]]
     poisoned = s.stub.GenerateStream(request(sources[0], max_new_tokens=MAX_NEW, stop=["never-there"]), timeout=30)
     mates += [s.stub.Generate.future(request(src, max_new_tokens=MAX_NEW), timeout=30) for src in sources[3:]]
-    scheduler = s.app.engine.scheduler
+    scheduler = s.engine.scheduler
     wait_for(lambda: scheduler.n_waiting + sum(not r.done for r in scheduler.running) == 7, what="the calls queued")
     gate.open()
     with pytest.raises(grpc.RpcError) as err:
@@ -130,17 +130,21 @@ def test_over_a_real_server_the_failing_call_gets_internal_and_its_mates_are_unt
 
 
 class _FailingOnce:
-    """Stands in for a metric whose update raises once, in the step where a request with max_new_tokens 3 ended: a
-    bug outside any one request's bookkeeping."""
+    """Stands in for the engine's step figures (engine/stats.py), whose generated-token count raises once, in the
+    step where a request with max_new_tokens 3 ended: a bug outside any one request's bookkeeping."""
 
-    def __init__(self, metric, scheduler) -> None:
-        self.metric, self.scheduler, self.failed = metric, scheduler, False
+    def __init__(self, stats, scheduler) -> None:
+        vars(self).update(stats=stats, scheduler=scheduler, failed=False)
 
-    def inc(self, amount: float = 1) -> None:
-        if not self.failed and any(r.done and r.params.max_new_tokens == 3 for r in self.scheduler.running):
-            self.failed = True
+    def __getattr__(self, name: str):
+        return getattr(self.stats, name)
+
+    def __setattr__(self, name: str, value) -> None:
+        if name == "generated_tokens" and not self.failed and any(
+                r.done and r.params.max_new_tokens == 3 for r in self.scheduler.running):
+            vars(self)["failed"] = True
             raise RuntimeError("a bug outside any one request (injected)")
-        self.metric.inc(amount)
+        setattr(self.stats, name, value)
 
 
 def test_a_failing_step_never_overwrites_a_request_that_already_finished(make_server, heldout, monkeypatch):
@@ -149,15 +153,15 @@ def test_a_failing_step_never_overwrites_a_request_that_already_finished(make_se
     s = make_server()
     short = request(heldout[1][0], max_new_tokens=3, min_new_tokens=3)
     want = s.stub.Generate(short, timeout=30)
-    failing = _FailingOnce(s.app.engine.metrics.generated_tokens, s.app.engine.scheduler)
-    monkeypatch.setattr(s.app.engine.metrics, "generated_tokens", failing)
+    failing = _FailingOnce(s.engine.stats, s.engine.scheduler)
+    monkeypatch.setattr(s.engine, "stats", failing)
     gate = s.gate()
     gate.close()
     long = s.stub.GenerateStream(request(heldout[0][0], max_new_tokens=30, min_new_tokens=30), timeout=30)
     next(long)
     gate.wait_held()
     finished = s.stub.Generate.future(short, timeout=30)
-    wait_for(lambda: s.app.engine.scheduler.n_waiting == 1, what="the short request queued")
+    wait_for(lambda: s.engine.scheduler.n_waiting == 1, what="the short request queued")
     gate.open()
     got = finished.result()
     assert failing.failed and (got.text, list(got.token_ids), got.finish_reason) == (

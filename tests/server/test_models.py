@@ -11,7 +11,7 @@ import sys
 import grpc
 import pytest
 from fixture_builds import THREADS
-from grpc_harness import request
+from grpc_harness import engine_of, request
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from seqserve.client.client import Client
@@ -54,10 +54,10 @@ def test_each_model_answers_as_a_one_model_server(two, served, heldout):
 
 
 def test_each_model_has_its_own_engine_and_a_share_of_the_threads(two):
-    engines = {name: two.app.models[name].engine for name in MODELS}
+    engines = {name: engine_of(two.app.models[name]) for name in MODELS}
     assert engines["en-de"] is not engines["de-en"]
     assert engines["en-de"].scheduler is not engines["de-en"].scheduler
-    assert [two.app.models[n].runner.device.cfg.intra_op_threads for n in MODELS] == [THREADS, THREADS]  # 2T / 2
+    assert [engines[n].runner.device.cfg.intra_op_threads for n in MODELS] == [THREADS, THREADS]  # 2T / 2
     assert st.Settings(bundle=two.app.settings.bundle).bundles().keys() == set(MODELS)
 
 
@@ -209,8 +209,8 @@ def test_a_changed_model_takes_calls_while_its_earlier_version_finishes_one_held
     shutil.copytree(tiny_bundle, repository / "m")
     (repository / "m" / VERIFIED).write_text(json.dumps({"manifest_sha256": sha256_of(tiny_bundle / MANIFEST)}))
     s = make_server(bundle=None, model_repository=repository)
-    old = s.app.models["m"].engine
-    gate = StepGate(old)
+    old = engine_of(s.app.models["m"])
+    gate = StepGate(old, s.settle)
     gate.close()
     long = pb.DecodingOptions(min_new_tokens=20, max_new_tokens=20)
     held = s.stub.Generate.future(pb.GenerateRequest(input=heldout[0][0], model="m", options=long), timeout=60)
@@ -221,7 +221,7 @@ def test_a_changed_model_takes_calls_while_its_earlier_version_finishes_one_held
     (repository / "m" / "bundle.sha256").write_text(f"{sha256_of(repository / 'm' / MANIFEST)}  {MANIFEST}\n")
     (repository / "m" / VERIFIED).write_text(json.dumps({"manifest_sha256": sha256_of(repository / "m" / MANIFEST)}))
     s.run_async(s.app.reload()).result(60)
-    assert s.app.models["m"].engine is not old
+    assert engine_of(s.app.models["m"]) is not old
     fresh = s.stub.Generate(pb.GenerateRequest(input=heldout[1][0], model="m"), timeout=30)  # the new version answers
     assert fresh.token_ids and s.stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=10).limits.max_new_tokens == 30
     assert not held.done()
@@ -242,7 +242,7 @@ def test_a_removed_model_refuses_new_calls_and_finishes_one_held_mid_generation(
         shutil.copytree(tiny_bundle, repository / name)
         (repository / name / VERIFIED).write_text(json.dumps({"manifest_sha256": sha256_of(tiny_bundle / MANIFEST)}))
     s = make_server(bundle=None, model_repository=repository)
-    gate = StepGate(s.app.models["m"].engine)
+    gate = StepGate(engine_of(s.app.models["m"]), s.settle)
     gate.close()
     long = pb.DecodingOptions(min_new_tokens=20, max_new_tokens=20)
     held = s.stub.Generate.future(pb.GenerateRequest(input=heldout[0][0], model="m", options=long), timeout=60)

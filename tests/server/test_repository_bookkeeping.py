@@ -9,7 +9,7 @@ import urllib.request
 
 import grpc
 import pytest
-from grpc_harness import StepGate, wait_for
+from grpc_harness import StepGate, engine_of, wait_for
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -88,7 +88,7 @@ def test_an_unloaded_models_series_leave_metrics_after_its_last_call_is_counted(
     assert {"seqserve_requests_total", "seqserve_rejected_requests_total", "seqserve_generated_tokens_total",
             "seqserve_request_duration_seconds_count", "seqserve_model_info"} <= names_of_a
 
-    gate = StepGate(s.app.models["a"].engine)
+    gate = StepGate(engine_of(s.app.models["a"]), s.settle)
     gate.close()
     long = pb.DecodingOptions(min_new_tokens=12, max_new_tokens=12)
     held = s.stub.Generate.future(pb.GenerateRequest(input=heldout[2][0], model="a", options=long), timeout=60)

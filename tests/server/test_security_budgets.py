@@ -48,7 +48,7 @@ def test_stop_string_budgets_are_invalid_argument_naming_the_limit(served, stop,
 
 def test_model_info_reports_every_limit_and_docs_describe_each(served):
     limits = served.stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=10).limits
-    resolved = dataclasses.asdict(served.app.service.limits)
+    resolved = dataclasses.asdict(served.model.limits)
     assert {f.name: getattr(limits, f.name) for f in pb.Limits.DESCRIPTOR.fields} == resolved
     s = served.app.settings
     assert (limits.max_stop_string_bytes, limits.max_stop_bytes, limits.max_receive_message_bytes,
