@@ -11,6 +11,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+# The message an ERROR result carries; an edge's own failures answer with the same words.
+from seqserve.engine.finish import ERROR_MESSAGE as ERROR_MESSAGE
 from seqserve.engine.request import Result, SamplingParams
 
 

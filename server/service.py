@@ -17,7 +17,7 @@ import time
 
 import grpc
 
-from seqserve.engine.api import EngineClient, EngineRequest, QueueFull
+from seqserve.engine.api import ERROR_MESSAGE, EngineClient, EngineRequest, QueueFull
 from seqserve.engine.request import FinishReason, Result, SamplingParams
 from seqserve.server import options
 from seqserve.server.echo import listed, quoted
@@ -39,7 +39,6 @@ _ABORTS = (FinishReason.DEADLINE, FinishReason.CANCELLED, FinishReason.ERROR)  #
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Generation"].full_name  # seqserve.v1.Generation
 _CHARS_PER_TOKEN_SLACK = 4  # NFC may compose up to 3 characters into one, so this bound never rejects a valid input
 # INTERNAL's details for a failure of the edge itself (the engine words its own in Result.error): names no internals
-EDGE_ERROR_MESSAGE = "the server failed to answer this call; the server log has the details"
 
 
 class Rejected(Exception):
@@ -134,7 +133,7 @@ class GenerationService(pb_grpc.GenerationServicer):
                 raise
             except Exception:
                 log.exception("%s failed", method)
-                code, message = Code.INTERNAL, EDGE_ERROR_MESSAGE  # the log has the exception: the client sees no repr
+                code, message = Code.INTERNAL, ERROR_MESSAGE  # the log has the exception: the client sees no repr
             finally:
                 call.release()
                 self.metrics.requests.labels(_label(call), method, code.name).inc()
@@ -312,7 +311,7 @@ def _label(call: Call) -> str:
 def _raise_for_end(result: Result) -> None:
     """Turns a result that is not a normal finish into the call's status."""
     if result.error is not None or result.finish_reason is FinishReason.ERROR:
-        raise Rejected(Code.INTERNAL, result.error or EDGE_ERROR_MESSAGE)
+        raise Rejected(Code.INTERNAL, result.error or ERROR_MESSAGE)
     if result.finish_reason is FinishReason.DEADLINE:
         raise Rejected(Code.DEADLINE_EXCEEDED, "the deadline passed before the generation finished")
     if result.finish_reason is FinishReason.CANCELLED:  # only the engine stopping cancels a row whose call is alive

@@ -14,7 +14,6 @@ from seqserve.engine.engine import Engine
 from seqserve.engine.request import Request, SamplingParams
 from seqserve.engine.scheduler import Scheduler, SchedulerConfig
 from seqserve.engine.step_output import Need
-from seqserve.server.metrics import Metrics
 
 CPU = RuntimeConfig(device="cpu", intra_op_threads=1)
 
@@ -28,7 +27,7 @@ def sources(tiny_bundle):
 def _engine(bundle, tok, capacity=16) -> Engine:
     runner = Recording(bundle, CPU, capacity=capacity)
     return Engine(runner, tok, Scheduler(SchedulerConfig(cross_bytes_per_token=runner.cross_bytes_per_token,
-                                                         max_batch_size=capacity)), Metrics())
+                                                         max_batch_size=capacity)))
 
 
 def _run(bundle, tok, requests):
