@@ -86,6 +86,9 @@ class Settings:
     cuda_tf32: bool = _opt(False, "CUDA: TF32 tensor-core matmuls for fp32 (faster, ~1e-2 logit error)", type=bool)
     cuda_graphs: bool = _opt(False, "CUDA with the in-place cache: capture the decoder step as one CUDA graph per "
                                     "batch bucket at warm-up and replay it (ignored on the CPU)", type=bool)
+    engine_process: bool = _opt(False, "run each model's engine in a process of its own, reached over ZeroMQ: a "
+                                       "crash there ends its calls UNAVAILABLE and restarts it, the gRPC process "
+                                       "lives on", type=bool)
     max_batch_size: int = _opt(_Sched.max_batch_size, "rows in one decoder step", type=int)
     max_waiting: int = _opt(_Sched.max_waiting, "queued requests beyond which calls get RESOURCE_EXHAUSTED",
                             type=int)

@@ -1,0 +1,15 @@
+"""The one choice of where a served model's engine runs: in this process (a thread) or in its own (--engine-process).
+
+Both answer the same interface (engine/api.py EngineClient), so the edge drives either the same way.
+"""
+from __future__ import annotations
+
+from seqserve.engine.api import EngineClient
+from seqserve.engine.build import EngineConfig, build
+from seqserve.server.remote_engine import RemoteEngine
+
+
+def start_engine(cfg: EngineConfig, tokenizer=None, in_process: bool = True) -> EngineClient:
+    """A loaded, warmed-up engine, not yet started (the caller calls start(deliver)). tokenizer: the bundle's, if
+    loaded (an engine process loads its own)."""
+    return build(cfg, tokenizer) if in_process else RemoteEngine(cfg)

@@ -1,0 +1,176 @@
+"""The engine in a process of its own: `python -m seqserve.server.engine_process --address ipc://... --lifeline FD`,
+its EngineConfig (engine/wire.py) on stdin. server/remote_engine.py starts it and is its front end.
+
+One ROUTER socket; each front end (one per gRPC front-end process) connects a DEALER under its own identity, so
+several front ends can share the engine. Messages are multipart [kind, msgpack payload]:
+
+    front end -> engine                         engine -> front end
+    HELLO  -                                    HELLO   EngineInfo
+    ADD    [seq, [EngineRequest, ...]]          ACK     [seq, None | QueueFull's message]  (every add is answered)
+    ABORT  [id, deadline]                       REPORT  StepReport with this front end's outputs
+    STOP   timeout (the owner)                  STOPPED bool (after the last REPORT; then the process exits 0)
+    BYE    - (a front end that leaves)
+
+Ids: each front end numbers its requests as it likes; the engine gives each its own id and maps the outputs back,
+so two front ends may both use id 1. Figures: each step's StepStats go to one front end only (the first still
+connected): they describe the engine, not a caller, and Prometheus sums the front ends' counters, so a step sent to
+every front end would be counted once per front end. The lifeline is a socket whose other end the starting front end
+holds: it reads end-of-file when that process dies, and the engine then drains and exits rather than live on alone.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import itertools
+import logging
+import socket
+import sys
+from collections import defaultdict
+
+import zmq
+
+from seqserve.engine import wire
+from seqserve.engine.api import EngineRequest, QueueFull, StepReport, StepStats
+from seqserve.engine.build import EngineConfig, build
+from seqserve.engine.core import EngineCore
+from seqserve.server.mailbox import Mailbox
+
+log = logging.getLogger("seqserve.server.engine_process")
+
+HELLO, ADD, ACK, ABORT, REPORT, STOP, STOPPED, BYE = b"H", b"A", b"K", b"X", b"R", b"S", b"D", b"B"
+LINGER_MS = 5_000  # how long the exiting engine keeps trying to hand its last reports to a front end
+STOP_MARGIN_SECONDS = 5.0  # beyond stop's own timeout, for the last reports and the process exit
+
+
+class EngineServer:
+    """The socket thread of an engine process: requests in from front ends, the engine's reports out to them."""
+
+    def __init__(self, core: EngineCore, address: str, lifeline: socket.socket | None = None) -> None:
+        self.core, self.lifeline = core, lifeline
+        self.reports = Mailbox()  # the engine thread's StepReports, to this thread by value
+        self.ctx = zmq.Context()
+        self.sock = self.ctx.socket(zmq.ROUTER)
+        self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a send to a front end that left raises instead of vanishing
+        self.sock.setsockopt(zmq.SNDHWM, 0)  # nothing accepted is dropped for a slow front end
+        self.sock.setsockopt(zmq.RCVHWM, 0)
+        self.sock.bind(address)
+        self.fronts: list[bytes] = []  # front ends in the order they said hello; the first gets the figures
+        self.owner: dict[int, tuple[bytes, int]] = {}  # engine id -> (front end, its id)
+        self.engine_id: dict[tuple[bytes, int], int] = {}
+        self._ids = itertools.count(1)
+
+    def serve(self) -> int:
+        """Until a STOP (or the starting front end's death); the process's exit status."""
+        self.core.start(self.reports.put)
+        poller = zmq.Poller()
+        poller.register(self.sock, zmq.POLLIN)
+        poller.register(self.reports.fd, zmq.POLLIN)
+        if self.lifeline is not None:
+            poller.register(self.lifeline.fileno(), zmq.POLLIN)
+        try:
+            while True:
+                events = dict(poller.poll())
+                if self.reports.fd in events:
+                    self._send_reports()
+                if self.sock in events and (stopped := self._receive()) is not None:
+                    front, timeout = stopped
+                    ok = self.core.stop(timeout)
+                    self._send_reports()  # what the drain ended, before STOPPED
+                    self._send(front, STOPPED, ok)
+                    return 0
+                if self.lifeline is not None and self.lifeline.fileno() in events:
+                    log.warning("the front end that started this engine is gone: draining and exiting")
+                    self.core.stop()
+                    self._send_reports()
+                    return 0
+        finally:
+            self.sock.close(linger=LINGER_MS)
+            self.ctx.term()
+
+    def _receive(self) -> tuple[bytes, float] | None:
+        """Every message waiting; (front end, timeout) once one asked to stop."""
+        while True:
+            try:
+                front, kind, payload = self.sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return None
+            if kind == HELLO:
+                if front not in self.fronts:
+                    self.fronts.append(front)
+                self._send(front, HELLO, self.core.info)
+            elif kind == ADD:
+                seq, requests = wire.loads(tuple[int, list[EngineRequest]], payload)
+                self._send(front, ACK, [seq, self._add(front, requests)])
+            elif kind == ABORT:
+                request_id, deadline = wire.loads(tuple[int, bool], payload)
+                if (eid := self.engine_id.get((front, request_id))) is not None:
+                    self.core.abort(eid, deadline)
+            elif kind == STOP:
+                return front, wire.loads(float, payload)
+            elif kind == BYE:
+                self._leave(front)
+
+    def _add(self, front: bytes, requests: list[EngineRequest]) -> str | None:
+        """Adds every request or none; QueueFull's message when none."""
+        ids = [next(self._ids) for _ in requests]
+        try:
+            self.core.add([dataclasses.replace(r, id=eid) for r, eid in zip(requests, ids)])
+        except QueueFull as e:
+            return str(e) or "queue full"
+        for r, eid in zip(requests, ids):  # before this thread takes the reports that may name them
+            self.owner[eid] = (front, r.id)
+            self.engine_id[(front, r.id)] = eid
+        return None
+
+    def _send_reports(self) -> None:
+        for report in self.reports.take():
+            by_front: dict[bytes, list] = defaultdict(list)
+            for out in report.outputs:
+                front, request_id = self.owner.get(out.request_id, (None, None))
+                if front is None:
+                    continue
+                if out.result is not None:
+                    del self.owner[out.request_id], self.engine_id[(front, request_id)]
+                by_front[front].append(dataclasses.replace(out, request_id=request_id))
+            stats_to = self.fronts[0] if self.fronts else None
+            for front in list(self.fronts):
+                if by_front.get(front) or front == stats_to:
+                    stats = report.stats if front == stats_to else StepStats()
+                    self._send(front, REPORT, StepReport(tuple(by_front.get(front, ())), stats))
+
+    def _send(self, front: bytes, kind: bytes, value) -> None:
+        try:
+            self.sock.send_multipart([front, kind, wire.dumps(value)])
+        except zmq.ZMQError as e:
+            if e.errno != zmq.EHOSTUNREACH:
+                raise
+            log.warning("a front end left without saying so: its requests are cancelled")
+            self._leave(front)
+
+    def _leave(self, front: bytes) -> None:
+        """A front end is gone: its requests are cancelled, and their outputs go nowhere."""
+        if front in self.fronts:
+            self.fronts.remove(front)
+        for (f, _), eid in list(self.engine_id.items()):
+            if f == front:
+                self.core.abort(eid)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m seqserve.server.engine_process",
+                                     description="an engine process (started by a front end: server/remote_engine.py)")
+    parser.add_argument("--address", required=True, help="the ZeroMQ address to bind (ipc://...)")
+    parser.add_argument("--lifeline", type=int, help="a socket fd: its end-of-file means the front end is gone")
+    parser.add_argument("--log-level", default="INFO")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level, stream=sys.stderr,
+                        format="%(asctime)s engine[%(process)d] %(levelname)s %(name)s: %(message)s")
+    cfg = wire.loads(EngineConfig, sys.stdin.buffer.read())
+    lifeline = socket.socket(fileno=args.lifeline) if args.lifeline is not None else None
+    core = build(cfg)
+    log.info("engine of %s (%s, %s) serving on %s", cfg.bundle, core.info.variant, core.info.provider, args.address)
+    return EngineServer(core, args.address, lifeline).serve()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,352 @@
+"""An engine in its own process, driven through the same interface as one in this process (engine/api.py).
+
+RemoteEngine starts `python -m seqserve.server.engine_process` (its protocol is described there), takes `.info` from
+its hello, and hands each StepReport to deliver, in order, from its own socket thread. add() waits for the engine's
+answer, so a full queue raises QueueFull in the caller as in-process.
+
+Supervision: a socket pair joins this process and the engine's; its end-of-file tells at once that the engine died
+(kill -9, out of memory, a crash in onnxruntime). Every request it held then ends CANCELLED (the edge answers
+UNAVAILABLE), requests added while it is down end the same way at once, and the engine is started again with the same
+EngineConfig after a delay that doubles with each start that does not last (RESTART_DELAYS), so a crash loop waits.
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import zmq
+
+from seqserve.engine import wire
+from seqserve.engine.api import Deliver, EngineInfo, EngineRequest, Output, QueueFull, StepReport, StepStats
+from seqserve.engine.build import EngineConfig
+from seqserve.engine.request import FinishReason, Result
+from seqserve.server.engine_process import ABORT, ACK, ADD, HELLO, REPORT, STOP, STOP_MARGIN_SECONDS, STOPPED
+from seqserve.server.mailbox import Mailbox
+
+log = logging.getLogger("seqserve.server.remote_engine")
+
+START_SECONDS = 600.0  # an engine process loads and warms up its model within this
+ACK_SECONDS = 30.0  # add() gives up on an engine that neither answers nor dies
+RESTART_DELAYS = (0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 30.0)  # after 0, 1, 2, ... starts in a row that did not last
+STABLE_SECONDS = 60.0  # an engine up this long before it died restarts at once again
+
+
+def restart_delay(failures: int) -> float:
+    """Seconds before the next start after `failures` starts in a row that did not last."""
+    return RESTART_DELAYS[min(failures, len(RESTART_DELAYS) - 1)]
+
+
+def _cancelled(ids: Sequence[int]) -> StepReport:
+    """The report that ends requests an engine can no longer finish."""
+    outputs = tuple(Output(i, result=Result(FinishReason.CANCELLED)) for i in ids)
+    return StepReport(outputs, StepStats(finished=(FinishReason.CANCELLED.value,) * len(ids)))
+
+
+@dataclass
+class _Ack:
+    ids: tuple[int, ...]
+    done: threading.Event = field(default_factory=threading.Event)
+    refusal: str | None = None
+
+
+class _Process:
+    """One engine process and this front end's socket to it."""
+
+    def __init__(self, ctx: zmq.Context, cfg: EngineConfig, address: str, identity: bytes) -> None:
+        ours, theirs = socket.socketpair()
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "seqserve.server.engine_process", "--address", address,
+             "--lifeline", str(theirs.fileno())], stdin=subprocess.PIPE, pass_fds=(theirs.fileno(),))
+        theirs.close()
+        try:
+            self.process.stdin.write(wire.dumps(cfg))
+            self.process.stdin.close()
+        except BrokenPipeError:  # it died at once: its lifeline says so
+            pass
+        self.lifeline = ours
+        self.sock = ctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.IDENTITY, identity)
+        for option, value in ((zmq.LINGER, 0), (zmq.SNDHWM, 0), (zmq.RCVHWM, 0), (zmq.RECONNECT_IVL, 10)):
+            self.sock.setsockopt(option, value)
+        self.sock.connect(address)  # before the engine binds: ZeroMQ connects once it does
+        self.sock.send_multipart([HELLO, wire.dumps(None)])
+        self.started = time.monotonic()
+        self.up = False
+
+    def close(self, kill: bool) -> int:
+        """Its exit status (killed first if `kill` and still running)."""
+        self.sock.close(linger=0)
+        self.lifeline.close()
+        if kill and self.process.poll() is None:
+            self.process.kill()
+        return self.process.wait()
+
+
+class RemoteEngine:
+    """api.EngineClient for an engine process this front end starts and supervises."""
+
+    def __init__(self, cfg: EngineConfig, start_seconds: float = START_SECONDS) -> None:
+        self.cfg = cfg
+        self._dir = tempfile.mkdtemp(prefix="seqserve-engine-")  # mode 0700: only this user reaches the socket
+        self._ctx = zmq.Context()
+        self._identity = f"front-{os.getpid()}-{uuid.uuid4().hex}".encode()
+        self._starts = itertools.count(1)
+        self._commands = Mailbox()  # the caller's add, abort and stop, to the socket thread
+        self._lock = threading.Lock()
+        self._held: set[int] = set()  # ids added and not yet ended
+        self._acks: dict[int, _Ack] = {}
+        self._seq = itertools.count(1)
+        self._deliver: Deliver | None = None
+        self._thread: threading.Thread | None = None
+        self._up = threading.Event()
+        self._failures = 0
+        self._restart_at: float | None = None
+        self._stopping = False
+        self._stop_deadline = 0.0
+        self._stop_ok = False
+        self._engine: _Process | None = None
+        try:
+            self._engine = self._spawn()
+            self.info: EngineInfo = self._hello(self._engine, start_seconds)
+        except BaseException:
+            self._close()
+            raise
+
+    @property
+    def process(self) -> subprocess.Popen | None:
+        """The engine process serving now (None while it restarts)."""
+        engine = self._engine
+        return engine.process if engine is not None else None
+
+    def wait_up(self, timeout: float) -> bool:
+        """True once an engine process serves (at once, unless one is restarting)."""
+        return self._up.wait(timeout)
+
+    def start(self, deliver: Deliver) -> None:
+        self._deliver = deliver
+        self._up.set()
+        self._thread = threading.Thread(target=self._loop, name="seqserve-engine-socket", daemon=True)
+        self._thread.start()
+
+    def add(self, requests: Sequence[EngineRequest]) -> None:
+        requests = list(requests)
+        if not requests:
+            return
+        ack = _Ack(tuple(r.id for r in requests))
+        with self._lock:  # held, then queued to send: an abort seen after it is sent after it
+            self._held.update(ack.ids)
+            seq = next(self._seq)
+            self._acks[seq] = ack
+            self._commands.put((ADD, seq, wire.dumps([seq, requests])))
+        if not ack.done.wait(ACK_SECONDS):
+            with self._lock:
+                self._acks.pop(seq, None)
+                self._held.difference_update(ack.ids)
+            for i in ack.ids:
+                self._commands.put((ABORT, i, False))
+            raise QueueFull(f"the engine process did not answer within {ACK_SECONDS:.0f} s")
+        if ack.refusal is not None:
+            raise QueueFull(ack.refusal)
+
+    def abort(self, request_id: int, deadline: bool = False) -> None:
+        self._commands.put((ABORT, request_id, deadline))
+
+    def stop(self, timeout: float = 10.0) -> bool:
+        """Drains the engine process (what it holds ends CANCELLED, outputs delivered) and waits for it to exit."""
+        if self._thread is None:
+            self.start(lambda report: None)
+        self._commands.put((STOP, timeout))
+        self._thread.join(timeout + 2 * STOP_MARGIN_SECONDS)
+        if self._thread.is_alive():
+            log.error("the engine socket thread did not end after stop")
+            return False
+        self._close()
+        return self._stop_ok
+
+    # -- the socket thread
+
+    def _spawn(self) -> _Process:
+        address = f"ipc://{self._dir}/engine-{next(self._starts)}.sock"  # a fresh one: nothing stale reaches it
+        return _Process(self._ctx, self.cfg, address, self._identity)
+
+    def _hello(self, engine: _Process, seconds: float) -> EngineInfo:
+        poller = zmq.Poller()
+        poller.register(engine.sock, zmq.POLLIN)
+        poller.register(engine.lifeline.fileno(), zmq.POLLIN)
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0:
+            events = dict(poller.poll(left * 1000))
+            if engine.sock in events:
+                kind, payload = engine.sock.recv_multipart()
+                if kind == HELLO:
+                    engine.up = True
+                    return wire.loads(EngineInfo, payload)
+            elif events:
+                raise RuntimeError(f"the engine process for {self.cfg.bundle} exited with status "
+                                   f"{engine.close(kill=False)} before it was ready (its log is above)")
+        engine.close(kill=True)
+        raise RuntimeError(f"the engine process for {self.cfg.bundle} was not ready within {seconds:.0f} s")
+
+    def _loop(self) -> None:
+        while True:
+            engine = self._engine
+            poller = zmq.Poller()
+            poller.register(self._commands.fd, zmq.POLLIN)
+            if engine is not None:
+                poller.register(engine.sock, zmq.POLLIN)
+                poller.register(engine.lifeline.fileno(), zmq.POLLIN)
+            wake = [t for t in (self._restart_at, self._stopping and self._stop_deadline) if t]
+            timeout = max(0.0, min(wake) - time.monotonic()) * 1000 if wake else None
+            events = dict(poller.poll(timeout))
+            if self._commands.fd in events:
+                for command in self._commands.take():
+                    if self._command(command):
+                        return
+            if engine is not None and engine.sock in events and self._receive(engine):
+                return
+            if engine is not None and engine.lifeline.fileno() in events and self._died(engine):
+                return
+            now = time.monotonic()
+            if self._stopping and now >= self._stop_deadline:
+                log.error("the engine process did not drain in time: killing it")
+                self._end_all()
+                if self._engine is not None:
+                    self._engine.close(kill=True)
+                    self._engine = None
+                return
+            if self._restart_at is not None and now >= self._restart_at:
+                self._restart_at = None
+                log.info("starting the engine process again")
+                self._engine = self._spawn()
+
+    def _command(self, command: tuple) -> bool:
+        """True once stopped."""
+        kind, engine = command[0], self._engine
+        up = engine is not None and engine.up and not self._stopping
+        if kind == ADD:
+            _, seq, payload = command
+            if up:
+                engine.sock.send_multipart([ADD, payload])
+            else:  # the engine is restarting or stopping: these end at once, as the held ones did
+                with self._lock:
+                    ack = self._acks.pop(seq, None)
+                if ack is not None:
+                    self._end(ack.ids)
+                    ack.done.set()
+        elif kind == ABORT:
+            _, request_id, deadline = command
+            if up and request_id in self._held:
+                engine.sock.send_multipart([ABORT, wire.dumps([request_id, deadline])])
+        elif kind == STOP:
+            self._stopping = True
+            if up:
+                self._stop_deadline = time.monotonic() + command[1] + STOP_MARGIN_SECONDS
+                engine.sock.send_multipart([STOP, wire.dumps(float(command[1]))])
+                return False
+            self._end_all()
+            if engine is not None:
+                engine.close(kill=True)
+                self._engine = None
+            self._stop_ok = True
+            return True
+        return False
+
+    def _receive(self, engine: _Process) -> bool:
+        """Every message waiting; True once the engine stopped."""
+        while True:
+            try:
+                kind, payload = engine.sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return False
+            if kind == REPORT:
+                report = wire.loads(StepReport, payload)
+                with self._lock:
+                    for out in report.outputs:
+                        if out.result is not None:
+                            self._held.discard(out.request_id)
+                self._hand(report)
+            elif kind == ACK:
+                seq, refusal = wire.loads(tuple[int, str | None], payload)
+                with self._lock:
+                    ack = self._acks.pop(seq, None)
+                    if ack is not None and refusal is not None:
+                        self._held.difference_update(ack.ids)
+                if ack is not None:
+                    ack.refusal = refusal
+                    ack.done.set()
+            elif kind == HELLO:
+                engine.up = True
+                self._up.set()
+                log.info("engine process %d serves again", engine.process.pid)
+            elif kind == STOPPED:
+                self._stop_ok = wire.loads(bool, payload)
+                try:
+                    engine.process.wait(STOP_MARGIN_SECONDS)
+                except subprocess.TimeoutExpired:
+                    log.error("the engine process drained but did not exit: killing it")
+                code = engine.close(kill=True)
+                self._engine = None
+                log.info("engine process %d stopped (exit status %s)", engine.process.pid, code)
+                return True
+
+    def _died(self, engine: _Process) -> bool:
+        """The engine process is gone: what it held ends CANCELLED and a restart is scheduled. True if stopping."""
+        code = engine.close(kill=True)
+        self._engine = None
+        self._up.clear()
+        n = self._end_all()
+        if self._stopping:
+            log.error("engine process %d exited with status %s while draining", engine.process.pid, code)
+            self._stop_ok = True
+            return True
+        if engine.up and time.monotonic() - engine.started >= STABLE_SECONDS:
+            self._failures = 0
+        delay = restart_delay(self._failures)
+        self._failures += 1
+        self._restart_at = time.monotonic() + delay
+        log.error("engine process %d exited with status %s: its %d requests end CANCELLED; restarting it in %.0f s",
+                  engine.process.pid, code, n, delay)
+        return False
+
+    def _end_all(self) -> int:
+        """Ends every held request (and answers every add still waiting: its requests are among them)."""
+        with self._lock:
+            ids = sorted(self._held)
+            self._held.clear()
+            acks, self._acks = list(self._acks.values()), {}
+        if ids:
+            self._hand(_cancelled(ids))
+        for ack in acks:
+            ack.done.set()
+        return len(ids)
+
+    def _end(self, ids: Sequence[int]) -> None:
+        with self._lock:
+            self._held.difference_update(ids)
+        self._hand(_cancelled(ids))
+
+    def _hand(self, report: StepReport) -> None:
+        try:
+            if self._deliver is not None:
+                self._deliver(report)
+        except Exception:  # the edge's callback failing must not end supervision
+            log.exception("delivering a step report failed")
+
+    def _close(self) -> None:
+        if self._engine is not None:
+            self._engine.close(kill=True)
+            self._engine = None
+        self._commands.close()
+        self._ctx.term()
+        shutil.rmtree(self._dir, ignore_errors=True)
