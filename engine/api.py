@@ -41,12 +41,14 @@ class Output:
     token_ids: tuple[int, ...] = ()
     text: str = ""
     result: Result | None = None  # set on the last output only
+    refused: str | None = None  # the engine refused the request (its queue was full): nothing ran, no result follows
 
 
 @dataclass(frozen=True)
 class StepStats:
     """What one step measured, as plain numbers: the edge turns them into its metrics (server/engine_metrics.py)."""
 
+    input_tokens: int = 0  # source tokens encoded
     generated_tokens: int = 0  # returned tokens (an end token is not returned, so not counted)
     encoder_seconds: tuple[float, ...] = ()  # each encoder call
     decoder_seconds: tuple[float, ...] = ()  # each decoder step of the whole batch
@@ -92,7 +94,8 @@ class EngineClient(Protocol):
     def start(self, deliver: Deliver) -> None: ...
 
     def add(self, requests: Sequence[EngineRequest]) -> None:
-        """Queues every request or none (raises QueueFull)."""
+        """Queues every request or none: raises QueueFull, or (an engine in another process, which is not asked and
+        waited for) refuses them all a moment later, each with an Output whose `refused` says why."""
 
     def abort(self, request_id: int, deadline: bool = False) -> None:
         """Ends a request at the engine's next step: DEADLINE when its call ran out of time, else CANCELLED. An id the

@@ -39,6 +39,18 @@ class EngineCore:
         self._deliver = deliver
         self.engine.start()
 
+    def attach(self, deliver: Deliver) -> None:
+        """Reports go to deliver, but no thread steps the engine: the caller does, with step() (an engine process
+        steps it on its one thread, between reading its socket and writing to it)."""
+        self._deliver = deliver
+
+    def has_work(self) -> bool:
+        return self.engine.scheduler.has_work()
+
+    def step(self) -> None:
+        """One step on the caller's thread, with the engine thread's failure recovery; its report is delivered."""
+        self.engine.loop.run_one()
+
     def add(self, requests: Sequence[EngineRequest]) -> None:
         made = [Request(list(r.input_ids), r.params, sink=self._outputs, stream=r.stream, deadline=r.deadline,
                         forced_bos=r.forced_bos, id=r.id, arrival=r.arrival) for r in requests]
@@ -59,6 +71,7 @@ class EngineCore:
             r = self._held.get(request_id)
         if r is not None:
             r.cancel(deadline)
+            self.engine.scheduler.sweep_next()  # seen at the very next step, not at the next periodic sweep
 
     def stop(self, timeout: float = 10.0) -> bool:
         return self.engine.stop(timeout)

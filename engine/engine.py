@@ -124,6 +124,7 @@ class Engine:
     def _encode(self, requests: list[Request]) -> None:
         cross, failed = self.isolation.encode(requests)
         self._cross.update(cross)
+        self.stats.input_tokens += sum(r.n_input_tokens for r in requests if r.id in cross)
         self.scheduler.unencode(failed)
         for r in failed:
             running = r.status is RequestStatus.RUNNING  # also retired by the next schedule

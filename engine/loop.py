@@ -60,11 +60,15 @@ class Loop:
                     self._wake.wait()
                 if self._stopping:
                     break
-            try:
-                self._step()
-            except Exception:  # a bug outside any one request: never lose one, fail those still running
-                log.exception("engine step failed")
-                self._recover()
-            if self.after_step is not None:
-                self.after_step()
+            self.run_one()
         self._drain()
+
+    def run_one(self) -> None:
+        """One step on the caller's thread (this loop's, or an engine process's own: server/engine_process.py)."""
+        try:
+            self._step()
+        except Exception:  # a bug outside any one request: never lose one, fail those still running
+            log.exception("engine step failed")
+            self._recover()
+        if self.after_step is not None:
+            self.after_step()

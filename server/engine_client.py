@@ -9,7 +9,7 @@ from seqserve.engine.build import EngineConfig, build
 from seqserve.server.remote_engine import RemoteEngine
 
 
-def start_engine(cfg: EngineConfig, tokenizer=None, in_process: bool = True) -> EngineClient:
+def start_engine(cfg: EngineConfig, tokenizer=None, in_process: bool = True, cpus: str = "") -> EngineClient:
     """A loaded, warmed-up engine, not yet started (the caller calls start(deliver)). tokenizer: the bundle's, if
-    loaded (an engine process loads its own)."""
-    return build(cfg, tokenizer) if in_process else RemoteEngine(cfg)
+    loaded (an engine process loads its own); cpus: where an engine process runs (taskset -c syntax)."""
+    return build(cfg, tokenizer) if in_process else RemoteEngine(cfg, cpus=cpus)

@@ -1,8 +1,7 @@
 """One engine's figures as Prometheus metrics: every StepReport's StepStats, applied on the event loop.
 
 The engine measures plain numbers (engine/api.py StepStats) and knows nothing of Prometheus; this is the one place
-they become the metrics server/metrics.py defines (input tokens excepted: the service counts them as it adds
-requests). The gauges are the latest report's, per engine, so a model's
+they become the metrics server/metrics.py defines. The gauges are the latest report's, per engine, so a model's
 versions (one serving, one draining) add up instead of overwriting each other (App._report_gauges).
 """
 from __future__ import annotations
@@ -28,6 +27,8 @@ class EngineMetrics:
                 metric.observe(value)
         for reason in stats.finished:
             m.finished.labels(reason).inc()
+        if stats.input_tokens:
+            m.input_tokens.inc(stats.input_tokens)
         if stats.generated_tokens:
             m.generated_tokens.inc(stats.generated_tokens)
         self.running, self.waiting, self.kv_cache_bytes = stats.running, stats.waiting, stats.kv_cache_bytes

@@ -6,8 +6,8 @@ several front ends can share the engine. Messages are multipart [kind, msgpack p
 
     front end -> engine                         engine -> front end
     HELLO  -                                    HELLO   EngineInfo
-    ADD    [seq, [EngineRequest, ...]]          ACK     [seq, None | QueueFull's message]  (every add is answered)
-    ABORT  [id, deadline]                       REPORT  StepReport with this front end's outputs
+    ADD    [EngineRequest, ...]                 REPORT  StepReport with this front end's outputs (a refused add:
+    ABORT  [id, deadline]                               an Output per request, `refused` set: all or none)
     STOP   timeout (the owner)                  STOPPED bool (after the last REPORT; then the process exits 0)
     BYE    - (a front end that leaves)
 
@@ -23,6 +23,7 @@ import argparse
 import dataclasses
 import itertools
 import logging
+import os
 import socket
 import sys
 from collections import defaultdict
@@ -30,14 +31,14 @@ from collections import defaultdict
 import zmq
 
 from seqserve.engine import wire
-from seqserve.engine.api import EngineRequest, QueueFull, StepReport, StepStats
+from seqserve.engine.api import EngineRequest, Output, QueueFull, StepReport, StepStats
 from seqserve.engine.build import EngineConfig, build
 from seqserve.engine.core import EngineCore
-from seqserve.server.mailbox import Mailbox
+from seqserve.server.cpus import cpu_list
 
 log = logging.getLogger("seqserve.server.engine_process")
 
-HELLO, ADD, ACK, ABORT, REPORT, STOP, STOPPED, BYE = b"H", b"A", b"K", b"X", b"R", b"S", b"D", b"B"
+HELLO, ADD, ABORT, REPORT, STOP, STOPPED, BYE = b"H", b"A", b"X", b"R", b"S", b"D", b"B"
 LINGER_MS = 5_000  # how long the exiting engine keeps trying to hand its last reports to a front end
 STOP_MARGIN_SECONDS = 5.0  # beyond stop's own timeout, for the last reports and the process exit
 
@@ -47,7 +48,6 @@ class EngineServer:
 
     def __init__(self, core: EngineCore, address: str, lifeline: socket.socket | None = None) -> None:
         self.core, self.lifeline = core, lifeline
-        self.reports = Mailbox()  # the engine thread's StepReports, to this thread by value
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a send to a front end that left raises instead of vanishing
@@ -60,29 +60,27 @@ class EngineServer:
         self._ids = itertools.count(1)
 
     def serve(self) -> int:
-        """Until a STOP (or the starting front end's death); the process's exit status."""
-        self.core.start(self.reports.put)
+        """Until a STOP (or the starting front end's death); the process's exit status. One thread reads the socket,
+        steps the engine and sends its reports: no other thread competes with the engine for the GIL."""
+        self.core.attach(self._send_report)
         poller = zmq.Poller()
         poller.register(self.sock, zmq.POLLIN)
-        poller.register(self.reports.fd, zmq.POLLIN)
         if self.lifeline is not None:
             poller.register(self.lifeline.fileno(), zmq.POLLIN)
         try:
             while True:
-                events = dict(poller.poll())
-                if self.reports.fd in events:
-                    self._send_reports()
+                events = dict(poller.poll(0 if self.core.has_work() else None))  # busy: look, never wait
                 if self.sock in events and (stopped := self._receive()) is not None:
                     front, timeout = stopped
-                    ok = self.core.stop(timeout)
-                    self._send_reports()  # what the drain ended, before STOPPED
+                    ok = self.core.stop(timeout)  # drains here: its reports go out before STOPPED
                     self._send(front, STOPPED, ok)
                     return 0
                 if self.lifeline is not None and self.lifeline.fileno() in events:
                     log.warning("the front end that started this engine is gone: draining and exiting")
                     self.core.stop()
-                    self._send_reports()
                     return 0
+                if self.core.has_work():
+                    self.core.step()
         finally:
             self.sock.close(linger=LINGER_MS)
             self.ctx.term()
@@ -99,8 +97,10 @@ class EngineServer:
                     self.fronts.append(front)
                 self._send(front, HELLO, self.core.info)
             elif kind == ADD:
-                seq, requests = wire.loads(tuple[int, list[EngineRequest]], payload)
-                self._send(front, ACK, [seq, self._add(front, requests)])
+                requests = wire.loads(list[EngineRequest], payload)
+                if (refusal := self._add(front, requests)) is not None:  # all or none: every one is told
+                    outputs = tuple(Output(r.id, refused=refusal) for r in requests)
+                    self._send(front, REPORT, StepReport(outputs, StepStats()))
             elif kind == ABORT:
                 request_id, deadline = wire.loads(tuple[int, bool], payload)
                 if (eid := self.engine_id.get((front, request_id))) is not None:
@@ -122,21 +122,22 @@ class EngineServer:
             self.engine_id[(front, r.id)] = eid
         return None
 
-    def _send_reports(self) -> None:
-        for report in self.reports.take():
-            by_front: dict[bytes, list] = defaultdict(list)
-            for out in report.outputs:
-                front, request_id = self.owner.get(out.request_id, (None, None))
-                if front is None:
-                    continue
-                if out.result is not None:
-                    del self.owner[out.request_id], self.engine_id[(front, request_id)]
-                by_front[front].append(dataclasses.replace(out, request_id=request_id))
-            stats_to = self.fronts[0] if self.fronts else None
-            for front in list(self.fronts):
-                if by_front.get(front) or front == stats_to:
-                    stats = report.stats if front == stats_to else StepStats()
-                    self._send(front, REPORT, StepReport(tuple(by_front.get(front, ())), stats))
+    def _send_report(self, report: StepReport) -> None:
+        """A step's report, split by front end: each gets its requests' outputs (under its own ids), the first the
+        figures."""
+        by_front: dict[bytes, list] = defaultdict(list)
+        for out in report.outputs:
+            front, request_id = self.owner.get(out.request_id, (None, None))
+            if front is None:
+                continue
+            if out.result is not None:
+                del self.owner[out.request_id], self.engine_id[(front, request_id)]
+            by_front[front].append(dataclasses.replace(out, request_id=request_id))
+        stats_to = self.fronts[0] if self.fronts else None
+        for front in list(self.fronts):
+            if by_front.get(front) or front == stats_to:
+                stats = report.stats if front == stats_to else StepStats()
+                self._send(front, REPORT, StepReport(tuple(by_front.get(front, ())), stats))
 
     def _send(self, front: bytes, kind: bytes, value) -> None:
         try:
@@ -162,7 +163,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--address", required=True, help="the ZeroMQ address to bind (ipc://...)")
     parser.add_argument("--lifeline", type=int, help="a socket fd: its end-of-file means the front end is gone")
     parser.add_argument("--log-level", default="INFO")
+    parser.add_argument("--cpus", default="", help="the CPUs this process runs on (taskset -c syntax; empty: its "
+                                                   "parent's)")
     args = parser.parse_args(argv)
+    if args.cpus:  # before onnxruntime sizes its thread pool
+        os.sched_setaffinity(0, cpu_list(args.cpus))
     logging.basicConfig(level=args.log_level, stream=sys.stderr,
                         format="%(asctime)s engine[%(process)d] %(levelname)s %(name)s: %(message)s")
     cfg = wire.loads(EngineConfig, sys.stdin.buffer.read())

@@ -8,9 +8,10 @@ from dataclasses import dataclass
 from seqserve.contract.integrity import check_graphs, open_bundle
 from seqserve.contract.manifest import Manifest
 from seqserve.engine.api import EngineClient
-from seqserve.engine.build import EngineConfig, build
+from seqserve.engine.build import EngineConfig
 from seqserve.engine.device import RuntimeConfig
 from seqserve.engine.scheduler import SchedulerConfig
+from seqserve.server.engine_client import start_engine
 from seqserve.server.model_defaults import default_max_new_tokens, info_entries
 from seqserve.server.outbox import Outbox
 from seqserve.server.repository import Source, memory_bytes
@@ -55,12 +56,8 @@ def load_model(s: Settings, source: Source, threads: int, used: int) -> Loaded:
                             cuda_tf32=s.cuda_tf32, cuda_graphs=s.cuda_graphs)
     cfg = EngineConfig(bundle, variant=s.variant, runtime=runtime, kv_cache=s.kv_cache,
                        scheduler=SchedulerConfig.from_settings(s, 0), stream_interval=s.stream_interval)
-    return Loaded(source, start_engine(cfg, tokenizer), manifest, tokenizer, limits, memory)
-
-
-def start_engine(cfg: EngineConfig, tokenizer) -> EngineClient:
-    """The engine of one model, built and warmed up; the app starts it with its deliver callback."""
-    return build(cfg, tokenizer)
+    engine = start_engine(cfg, tokenizer, in_process=not s.engine_process, cpus=s.engine_cpus)
+    return Loaded(source, engine, manifest, tokenizer, limits, memory)
 
 
 def model_info(engine: EngineClient, manifest: Manifest) -> dict:

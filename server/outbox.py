@@ -47,7 +47,7 @@ class Outbox:
             queue = self._queues.get(out.request_id)
             if queue is not None:
                 queue.put_nowait(out)
-            if out.result is not None:
+            if out.result is not None or out.refused is not None:  # its last output
                 self._queues.pop(out.request_id, None)
 
 

@@ -1,8 +1,8 @@
 """An engine in its own process, driven through the same interface as one in this process (engine/api.py).
 
 RemoteEngine starts `python -m seqserve.server.engine_process` (its protocol is described there), takes `.info` from
-its hello, and hands each StepReport to deliver, in order, from its own socket thread. add() waits for the engine's
-answer, so a full queue raises QueueFull in the caller as in-process.
+its hello, and hands each StepReport to deliver, in order, from its own socket thread. add() sends and returns: a
+full queue refuses the requests with Outputs that say so (engine/api.py Output.refused).
 
 Supervision: a socket pair joins this process and the engine's; its end-of-file tells at once that the engine died
 (kill -9, out of memory, a crash in onnxruntime). Every request it held then ends CANCELLED (the edge answers
@@ -23,21 +23,19 @@ import threading
 import time
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 import zmq
 
 from seqserve.engine import wire
-from seqserve.engine.api import Deliver, EngineInfo, EngineRequest, Output, QueueFull, StepReport, StepStats
+from seqserve.engine.api import Deliver, EngineInfo, EngineRequest, Output, StepReport, StepStats
 from seqserve.engine.build import EngineConfig
 from seqserve.engine.request import FinishReason, Result
-from seqserve.server.engine_process import ABORT, ACK, ADD, HELLO, REPORT, STOP, STOP_MARGIN_SECONDS, STOPPED
+from seqserve.server.engine_process import ABORT, ADD, HELLO, REPORT, STOP, STOP_MARGIN_SECONDS, STOPPED
 from seqserve.server.mailbox import Mailbox
 
 log = logging.getLogger("seqserve.server.remote_engine")
 
 START_SECONDS = 600.0  # an engine process loads and warms up its model within this
-ACK_SECONDS = 30.0  # add() gives up on an engine that neither answers nor dies
 RESTART_DELAYS = (0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 30.0)  # after 0, 1, 2, ... starts in a row that did not last
 STABLE_SECONDS = 60.0  # an engine up this long before it died restarts at once again
 
@@ -53,21 +51,14 @@ def _cancelled(ids: Sequence[int]) -> StepReport:
     return StepReport(outputs, StepStats(finished=(FinishReason.CANCELLED.value,) * len(ids)))
 
 
-@dataclass
-class _Ack:
-    ids: tuple[int, ...]
-    done: threading.Event = field(default_factory=threading.Event)
-    refusal: str | None = None
-
-
 class _Process:
     """One engine process and this front end's socket to it."""
 
-    def __init__(self, ctx: zmq.Context, cfg: EngineConfig, address: str, identity: bytes) -> None:
+    def __init__(self, ctx: zmq.Context, cfg: EngineConfig, address: str, identity: bytes, cpus: str = "") -> None:
         ours, theirs = socket.socketpair()
         self.process = subprocess.Popen(
             [sys.executable, "-m", "seqserve.server.engine_process", "--address", address,
-             "--lifeline", str(theirs.fileno())], stdin=subprocess.PIPE, pass_fds=(theirs.fileno(),))
+             "--lifeline", str(theirs.fileno()), "--cpus", cpus], stdin=subprocess.PIPE, pass_fds=(theirs.fileno(),))
         theirs.close()
         try:
             self.process.stdin.write(wire.dumps(cfg))
@@ -96,8 +87,8 @@ class _Process:
 class RemoteEngine:
     """api.EngineClient for an engine process this front end starts and supervises."""
 
-    def __init__(self, cfg: EngineConfig, start_seconds: float = START_SECONDS) -> None:
-        self.cfg = cfg
+    def __init__(self, cfg: EngineConfig, start_seconds: float = START_SECONDS, cpus: str = "") -> None:
+        self.cfg, self.cpus = cfg, cpus
         self._dir = tempfile.mkdtemp(prefix="seqserve-engine-")  # mode 0700: only this user reaches the socket
         self._ctx = zmq.Context()
         self._identity = f"front-{os.getpid()}-{uuid.uuid4().hex}".encode()
@@ -105,9 +96,8 @@ class RemoteEngine:
         self._commands = Mailbox()  # the caller's add, abort and stop, to the socket thread
         self._lock = threading.Lock()
         self._held: set[int] = set()  # ids added and not yet ended
-        self._acks: dict[int, _Ack] = {}
-        self._seq = itertools.count(1)
         self._deliver: Deliver | None = None
+        self.sent = 0  # commands handed to the engine's socket so far (the socket thread's count)
         self._thread: threading.Thread | None = None
         self._up = threading.Event()
         self._failures = 0
@@ -140,24 +130,15 @@ class RemoteEngine:
         self._thread.start()
 
     def add(self, requests: Sequence[EngineRequest]) -> None:
+        """Sends the requests and returns: a full queue refuses them a moment later, each with an Output whose
+        `refused` says so (the edge answers RESOURCE_EXHAUSTED). Waiting for an answer here would hold the caller (the
+        event loop) for a round trip to the engine's thread per call."""
         requests = list(requests)
         if not requests:
             return
-        ack = _Ack(tuple(r.id for r in requests))
         with self._lock:  # held, then queued to send: an abort seen after it is sent after it
-            self._held.update(ack.ids)
-            seq = next(self._seq)
-            self._acks[seq] = ack
-            self._commands.put((ADD, seq, wire.dumps([seq, requests])))
-        if not ack.done.wait(ACK_SECONDS):
-            with self._lock:
-                self._acks.pop(seq, None)
-                self._held.difference_update(ack.ids)
-            for i in ack.ids:
-                self._commands.put((ABORT, i, False))
-            raise QueueFull(f"the engine process did not answer within {ACK_SECONDS:.0f} s")
-        if ack.refusal is not None:
-            raise QueueFull(ack.refusal)
+            self._held.update(r.id for r in requests)
+            self._commands.put((ADD, tuple(r.id for r in requests), wire.dumps(requests)))
 
     def abort(self, request_id: int, deadline: bool = False) -> None:
         self._commands.put((ABORT, request_id, deadline))
@@ -178,7 +159,7 @@ class RemoteEngine:
 
     def _spawn(self) -> _Process:
         address = f"ipc://{self._dir}/engine-{next(self._starts)}.sock"  # a fresh one: nothing stale reaches it
-        return _Process(self._ctx, self.cfg, address, self._identity)
+        return _Process(self._ctx, self.cfg, address, self._identity, self.cpus)
 
     def _hello(self, engine: _Process, seconds: float) -> EngineInfo:
         poller = zmq.Poller()
@@ -211,7 +192,9 @@ class RemoteEngine:
             events = dict(poller.poll(timeout))
             if self._commands.fd in events:
                 for command in self._commands.take():
-                    if self._command(command):
+                    stopped = self._command(command)
+                    self.sent += 1
+                    if stopped:
                         return
             if engine is not None and engine.sock in events and self._receive(engine):
                 return
@@ -235,15 +218,14 @@ class RemoteEngine:
         kind, engine = command[0], self._engine
         up = engine is not None and engine.up and not self._stopping
         if kind == ADD:
-            _, seq, payload = command
+            _, ids, payload = command
             if up:
                 engine.sock.send_multipart([ADD, payload])
             else:  # the engine is restarting or stopping: these end at once, as the held ones did
                 with self._lock:
-                    ack = self._acks.pop(seq, None)
-                if ack is not None:
-                    self._end(ack.ids)
-                    ack.done.set()
+                    ids = [i for i in ids if i in self._held]
+                if ids:
+                    self._end(ids)
         elif kind == ABORT:
             _, request_id, deadline = command
             if up and request_id in self._held:
@@ -273,18 +255,9 @@ class RemoteEngine:
                 report = wire.loads(StepReport, payload)
                 with self._lock:
                     for out in report.outputs:
-                        if out.result is not None:
+                        if out.result is not None or out.refused is not None:
                             self._held.discard(out.request_id)
                 self._hand(report)
-            elif kind == ACK:
-                seq, refusal = wire.loads(tuple[int, str | None], payload)
-                with self._lock:
-                    ack = self._acks.pop(seq, None)
-                    if ack is not None and refusal is not None:
-                        self._held.difference_update(ack.ids)
-                if ack is not None:
-                    ack.refusal = refusal
-                    ack.done.set()
             elif kind == HELLO:
                 engine.up = True
                 self._up.set()
@@ -320,15 +293,12 @@ class RemoteEngine:
         return False
 
     def _end_all(self) -> int:
-        """Ends every held request (and answers every add still waiting: its requests are among them)."""
+        """Ends every held request."""
         with self._lock:
             ids = sorted(self._held)
             self._held.clear()
-            acks, self._acks = list(self._acks.values()), {}
         if ids:
             self._hand(_cancelled(ids))
-        for ack in acks:
-            ack.done.set()
         return len(ids)
 
     def _end(self, ids: Sequence[int]) -> None:

@@ -17,7 +17,7 @@ import time
 
 import grpc
 
-from seqserve.engine.api import ERROR_MESSAGE, EngineClient, EngineRequest, QueueFull
+from seqserve.engine.api import ERROR_MESSAGE, EngineClient, EngineRequest, Output, QueueFull
 from seqserve.engine.request import FinishReason, Result, SamplingParams
 from seqserve.server import options
 from seqserve.server.echo import listed, quoted
@@ -201,6 +201,7 @@ class GenerationService(pb_grpc.GenerationServicer):
                 piece = pb.GenerateStreamResponse(text="".join(o.text for o in outputs),
                                                   token_ids=[t for o in outputs for t in o.token_ids])
                 end = outputs[-1]
+                _raise_for_refusal(end)
                 if end.result is None:
                     yield piece
                     continue
@@ -292,12 +293,12 @@ class GenerationService(pb_grpc.GenerationServicer):
                 model.outbox.close(row.id)
             raise
         call.rows.extend((row.id, queue) for row, queue in zip(rows, queues))
-        model.metrics.input_tokens.inc(sum(len(row.input_ids) for row in rows))
 
     @staticmethod
     async def _result(queue: asyncio.Queue) -> Result:
         while True:
             output = await queue.get()
+            _raise_for_refusal(output)
             if output.result is not None:
                 _raise_for_end(output.result)
                 return output.result
@@ -306,6 +307,12 @@ class GenerationService(pb_grpc.GenerationServicer):
 def _label(call: Call) -> str:
     """The call's model label: its model's name, or "" when it was refused before naming a served one."""
     return "" if call.model is None else call.model.name
+
+
+def _raise_for_refusal(output: Output) -> None:
+    """An engine in another process refuses a request after add returned, when its queue is full: nothing ran."""
+    if output.refused is not None:
+        raise Rejected(Code.RESOURCE_EXHAUSTED, f"queue full: {output.refused}", "queue_full")
 
 
 def _raise_for_end(result: Result) -> None:

@@ -19,6 +19,7 @@ from seqserve.contract.devices import DEVICES
 from seqserve.contract.manifest import VARIANTS
 from seqserve.contract.names import KV_CACHES
 from seqserve.engine.scheduler import SchedulerConfig as _Sched
+from seqserve.server.cpus import cpu_list
 
 ENV_PREFIX = "SEQSERVE_"
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
@@ -89,6 +90,8 @@ class Settings:
     engine_process: bool = _opt(False, "run each model's engine in a process of its own, reached over ZeroMQ: a "
                                        "crash there ends its calls UNAVAILABLE and restarts it, the gRPC process "
                                        "lives on", type=bool)
+    engine_cpus: str = _opt("", "with --engine-process: the CPUs the engine processes run on, as taskset -c writes "
+                                "them (0 or 0,2-3); empty: the server's own")
     max_batch_size: int = _opt(_Sched.max_batch_size, "rows in one decoder step", type=int)
     max_waiting: int = _opt(_Sched.max_waiting, "queued requests beyond which calls get RESOURCE_EXHAUSTED",
                             type=int)
@@ -176,6 +179,15 @@ class Settings:
             if getattr(self, small) > getattr(self, large):
                 yield (f"{_names(small)} ({getattr(self, small)}) exceeds {_names(large)} ({getattr(self, large)}): "
                        f"{why}")
+        if self.engine_cpus:
+            try:
+                missing = cpu_list(self.engine_cpus) - set(range(os.cpu_count() or 1))
+            except ValueError as exc:
+                yield f"{_names('engine_cpus')}: {exc}"
+            else:
+                if missing:  # the server's own pinning (taskset) does not bind its engine processes
+                    yield f"{_names('engine_cpus')}: this machine has no CPU {sorted(missing)} (CPUs 0-" \
+                          f"{(os.cpu_count() or 1) - 1})"
         yield from self._security_problems()
         for name, choices in (("variant", VARIANTS), ("kv_cache", KV_CACHES), ("device", DEVICES),
                               ("log_level", LOG_LEVELS)):

@@ -2,7 +2,8 @@
 bundle: an in-process EngineCore on the same requests is the oracle for every output.
 
 Where a test needs the engine to hold a request, it stops the engine process (SIGSTOP) before adding one that must
-run 38 steps; what the test sends next (abort, kill, stop) is queued behind the add and reaches the engine with it.
+run 38 steps; what the test sends next (abort, stop) is handed to the socket behind the add before the engine goes on
+(RemoteEngine.sent), so the engine reads both before it steps.
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import time
 import pytest
 
 from seqserve.contract.integrity import open_bundle
-from seqserve.engine.api import EngineRequest, QueueFull, StepReport
+from seqserve.engine.api import EngineRequest, StepReport
 from seqserve.engine.build import EngineConfig, build
 from seqserve.engine.device import RuntimeConfig
 from seqserve.engine.request import FinishReason, SamplingParams
@@ -131,26 +132,36 @@ def test_step_figures_arrive_and_count_the_returned_tokens(remote, tokenizer):
     assert any(s.decoder_seconds for s in figures)
 
 
-def test_a_full_queue_refuses_the_whole_add_in_the_caller(remote, tokenizer):
+def test_a_full_queue_refuses_the_whole_add(remote, tokenizer):
+    """add returns at once; the engine refuses every request of an add it cannot take whole, each with an Output
+    that says so (the edge answers RESOURCE_EXHAUSTED), and nothing of it runs."""
     engine, reports = remote
     too_many = _requests(tokenizer, SamplingParams(max_new_tokens=3), sources=SOURCES + SOURCES[:1])
-    with pytest.raises(QueueFull, match=f"max_waiting={MAX_WAITING}"):
-        engine.add(too_many)
-    assert not any(r.id in reports.outputs for r in too_many)  # none was queued
+    engine.add(too_many)
+    for r in too_many:
+        reports.wait(lambda r=r: reports.outputs.get(r.id), f"the refusal of request {r.id}")
+        [out] = reports.outputs[r.id]
+        assert out.result is None and f"max_waiting={MAX_WAITING}" in out.refused
+    assert not _holds(engine) & {r.id for r in too_many}  # the front end holds none of them any more
     fits = _requests(tokenizer, SamplingParams(max_new_tokens=3), sources=SOURCES[:2])
     assert all(r.finish_reason is not FinishReason.CANCELLED for r, _ in _run(engine, reports, fits))
 
 
-def _held(engine, reports, requests: list[EngineRequest]) -> tuple[int, threading.Thread]:
-    """Stops the engine process (SIGSTOP), then adds 38-step requests from a thread (add waits for the engine's
-    answer): once the front end holds them, what the test sends next reaches the engine after them, before any
-    step. The pid and the adding thread."""
+def _held(engine, reports, requests: list[EngineRequest]) -> int:
+    """Stops the engine process (SIGSTOP), then adds 38-step requests: what the test sends next reaches the engine
+    after them (the test waits until the front end handed it to the socket: _sent), before the engine steps. Its
+    pid."""
     pid = engine.process.pid
     os.kill(pid, signal.SIGSTOP)
-    adding = threading.Thread(target=engine.add, args=(requests,), daemon=True)
-    adding.start()
-    _until(lambda: all(r.id in _holds(engine) for r in requests))
-    return pid, adding
+    sent = engine.sent
+    engine.add(requests)
+    _until(lambda: engine.sent > sent)
+    return pid
+
+
+def _sent(engine, before: int) -> None:
+    """Waits until the front end handed its commands after the first `before` to the engine's socket."""
+    _until(lambda: engine.sent > before)
 
 
 def _until(condition) -> None:
@@ -170,24 +181,23 @@ def _holds(engine) -> set[int]:
 def test_abort_ends_a_request_the_engine_holds(remote, tokenizer, deadline, reason):
     engine, reports = remote
     [request] = _requests(tokenizer, LONG, stream=True, sources=SOURCES[:1])
-    pid, adding = _held(engine, reports, [request])
+    pid = _held(engine, reports, [request])
+    sent = engine.sent
     engine.abort(request.id, deadline=deadline)
+    _sent(engine, sent)
     os.kill(pid, signal.SIGCONT)
     result = reports.result(request.id)
     assert result.finish_reason is reason and result.error is None
-    adding.join(WAIT)
 
 
 def test_a_killed_engine_ends_its_requests_and_is_restarted(remote, tokenizer, caplog):
     engine, reports = remote
     requests = _requests(tokenizer, LONG, stream=True, sources=SOURCES[:2])
-    pid, adding = _held(engine, reports, requests)
+    pid = _held(engine, reports, requests)
     os.kill(pid, signal.SIGKILL)
     for r in requests:  # at once: reports.result waits at most WAIT seconds
         result = reports.result(r.id)
         assert result.finish_reason is FinishReason.CANCELLED and result.error is None
-    adding.join(WAIT)
-    assert not adding.is_alive()  # the add waiting for the dead engine's answer returned
     assert engine.wait_up(WAIT) and engine.process.pid != pid
     assert "exited with status -9: its 2 requests end CANCELLED; restarting" in caplog.text
     [after] = _requests(tokenizer, SamplingParams(max_new_tokens=20), sources=SOURCES[:1])
@@ -200,17 +210,16 @@ def test_stop_drains_the_engine_and_its_process_exits_0(tiny_bundle, tokenizer):
     engine.start(reports)
     requests = _requests(tokenizer, LONG, stream=True, sources=SOURCES[:2])
     process = engine.process
-    pid, adding = _held(engine, reports, requests)
-    stopped = []
+    pid = _held(engine, reports, requests)
+    sent, stopped = engine.sent, []
     stopping = threading.Thread(target=lambda: stopped.append(engine.stop(timeout=WAIT)), daemon=True)
     stopping.start()
-    _until(lambda: engine._stopping)  # the front end took stop() behind the adds: the engine gets both when it goes on
+    _sent(engine, sent)  # the front end sent STOP behind the adds: the engine gets both when it goes on
     os.kill(pid, signal.SIGCONT)
     stopping.join(WAIT + 20)
     assert stopped == [True]
     assert [reports.result(r.id).finish_reason for r in requests] == [FinishReason.CANCELLED] * 2
     assert process.returncode == 0
-    adding.join(WAIT)
 
 
 def test_a_crash_loop_waits_longer_each_time():

@@ -1,0 +1,16 @@
+"""CPU lists as `taskset -c` writes them (0 | 0,2 | 1-3): where an engine process runs (--engine-cpus)."""
+from __future__ import annotations
+
+
+def cpu_list(text: str) -> set[int]:
+    """The CPUs a list names; ValueError on anything else (an empty list included)."""
+    cpus: set[int] = set()
+    for part in text.split(","):
+        lo, _, hi = part.strip().partition("-")
+        if not lo.isdigit() or (hi and not hi.isdigit()):
+            raise ValueError(f"not a CPU list (like 0 or 0,2-3): {text!r}")
+        first, last = int(lo), int(hi or lo)
+        if last < first or last >= 4096:
+            raise ValueError(f"not a CPU list (like 0 or 0,2-3): {text!r}")
+        cpus.update(range(first, last + 1))
+    return cpus
