@@ -13,7 +13,8 @@ from typing import Protocol
 
 # The message an ERROR result carries; an edge's own failures answer with the same words.
 from seqserve.engine.finish import ERROR_MESSAGE as ERROR_MESSAGE
-from seqserve.engine.request import Result, SamplingParams
+from seqserve.engine.request import Output as Output  # one request's news from one step (engine/request.py)
+from seqserve.engine.request import SamplingParams
 
 
 class QueueFull(Exception):
@@ -31,17 +32,6 @@ class EngineRequest:
     deadline: float | None = None  # time.monotonic(): CLOCK_MONOTONIC is one clock for every process of a machine
     forced_bos: int | None = None  # this row's forced first token (a target language's), over the model's own
     arrival: float = field(default_factory=time.monotonic)
-
-
-@dataclass(frozen=True)
-class Output:
-    """One request's news from one step: new ids and text (streams), and on its last output its Result."""
-
-    request_id: int
-    token_ids: tuple[int, ...] = ()
-    text: str = ""
-    result: Result | None = None  # set on the last output only
-    refused: str | None = None  # the engine refused the request (its queue was full): nothing ran, no result follows
 
 
 @dataclass(frozen=True)

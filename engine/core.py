@@ -10,17 +10,17 @@ from collections.abc import Sequence
 
 from seqserve.engine.api import Deliver, EngineInfo, EngineRequest, Output, QueueFull, StepReport
 from seqserve.engine.engine import Engine
-from seqserve.engine.request import Event, Request
+from seqserve.engine.request import Request
 
 
 class _Outputs:
-    """The Sink every request of this core shares: a step's events become Outputs, handed back once per step."""
+    """The Sink every request of this core shares: a step's Outputs, handed back once per step."""
 
     def __init__(self) -> None:
         self.pending: list[Output] = []
 
-    def put(self, request: Request, event: Event) -> None:
-        self.pending.append(Output(request.id, event.token_ids, event.text, event.result))
+    def put(self, request: Request, output: Output) -> None:
+        self.pending.append(output)
 
     def flush(self) -> None:  # the core reports once per step (Engine.on_step), outputs and figures together
         pass

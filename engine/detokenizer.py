@@ -22,6 +22,11 @@ class TextStream:
     def push(self, token_id: int) -> str:
         """Adds one generated id; returns the text now safe to release ('' while held back)."""
         piece = self._decode.step(self.tokenizer, token_id)
+        if not self.stops:  # nothing to hold back: every piece goes out as it comes
+            if piece:
+                self.text += piece
+                self.sent = len(self.text)
+            return piece or ""
         if piece:
             start = max(0, len(self.text) - self.longest + 1)  # a stop string may straddle the previous text
             self.text += piece

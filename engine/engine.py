@@ -165,8 +165,10 @@ class Engine:
         appended = single & (codes != finish.EOS)  # (hi,) EOS ends a row without being returned
         slots.append(chosen, appended)
         self._first_tokens(now)
-        if texted:
-            each(texted, lambda rec: self._text(rec, int(chosen[rec.slot]), appended, codes))
+        if texted:  # (python lists: one conversion per step instead of a numpy scalar per row)
+            tokens, kept, token = chosen.tolist(), appended.tolist(), self.outputs.token
+            each(texted, lambda rec: kept[rec.slot] and token(rec, tokens[rec.slot]) and codes.__setitem__(
+                rec.slot, finish.STOP))  # a stop string ends it STOP
         ended = [rec.at(s) for s in np.flatnonzero(codes).tolist()  # (a request that failed this step has left)
                  if (rec := self._running.get(self._placed.get(slots.owners[s]))) is not None]
         if ended:
@@ -174,11 +176,6 @@ class Engine:
         generated = int(appended.sum()) + self._advance_beams(out, now)
         self.stats.generated_tokens += generated  # EOS is not returned, so not counted: equals usage
         self._tick(now)
-
-    def _text(self, rec: Running, token: int, appended: np.ndarray, codes: np.ndarray) -> None:
-        """A row's new token in its text (a stop string ends it STOP) and its stream."""
-        if appended[rec.slot] and self.outputs.token(rec, token):
-            codes[rec.slot] = finish.STOP
 
     def _finish(self, rec: Running, reason: FinishReason, now: float) -> None:
         output_ids = self.runner.slots.output(rec.slot)

@@ -1,7 +1,7 @@
 """The one writer of what goes back: stream pieces (every stream_interval tokens), texts, n-best sequences,
 log-probabilities and the final Result, put into each request's Sink; and the once-per-step hand-off (flush).
 
-The engine decides when a request's token, text or end happens; this module alone turns that into Events.
+The engine decides when a request's token, text or end happens; this module alone turns that into Outputs.
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from tokenizers import Tokenizer
 from seqserve.contract.scoring import score
 from seqserve.engine.detokenizer import TextStream
 from seqserve.engine.nbest import Hypothesis, top_alternatives
-from seqserve.engine.request import Event, FinishReason, Request, RequestStatus, Result, Sequence, TokenLogprob
+from seqserve.engine.request import FinishReason, Output, Request, RequestStatus, Result, Sequence, TokenLogprob
 from seqserve.engine.running import Running
 from seqserve.engine.stats import Stats
 
@@ -22,7 +22,7 @@ from seqserve.engine.stats import Stats
 def end(request: Request, reason: FinishReason, now: float, error: str | None = None,
         sequences: tuple[Sequence, ...] = (), generated: int = 0) -> bool:
     """The one way a request finishes (the engine and the scheduler decide when, via finish.py): its Result is made
-    here, by value, and handed to the sink with the last Event. A finished request never ends again: False then."""
+    here, by value, and handed to the sink with the last Output. A finished request never ends again: False then."""
     if request.done:
         return False
 
@@ -33,7 +33,7 @@ def end(request: Request, reason: FinishReason, now: float, error: str | None = 
                             since_arrival(request.scheduled_at), since_arrival(request.first_token_at),
                             since_arrival(now), error)
     request.status, request.finished_at = RequestStatus.FINISHED, now
-    request.sink.put(request, Event(result=request.result))
+    request.sink.put(request, Output(request.id, result=request.result))
     return True
 
 
@@ -70,7 +70,12 @@ class Outputs:
     def token(self, rec: Running, token: int) -> bool:
         """A row's new token in its text and its stream; True when a stop string appeared (it ends STOP)."""
         piece = rec.text.push(token)
-        self._stream(rec, (token,), piece)
+        if self.stream_interval == 1 and rec.request.stream:  # the common stream: this token now, nothing kept
+            request = rec.request
+            request.sink.put(request, Output(request.id, (token,), piece))
+            self._sinks.add(request.sink)
+        else:
+            self._stream(rec, (token,), piece)
         return rec.text.stopped
 
     def final(self, rec: Running, output_ids: list[int], reason: FinishReason) -> tuple[FinishReason, Sequence]:
@@ -122,7 +127,7 @@ class Outputs:
 
     def _put(self, request: Request, ids: tuple[int, ...], text: str) -> None:
         if text or ids:  # nothing is sent for an empty piece
-            request.sink.put(request, Event(token_ids=ids, text=text))
+            request.sink.put(request, Output(request.id, ids, text))
             self.touch(request)
 
     def hand_off(self, ended: Iterable[Request], stats: Stats, report: Callable[[], None] | None) -> None:

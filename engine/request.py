@@ -2,8 +2,8 @@
 
 Status is an ordered enum: a request only moves forward (WAITING < RUNNING < FINISHED; whether a waiting request's
 source is already encoded is the scheduler's and the engine's business, not a status). The way back to the caller is
-explicit: the Sink given at construction receives the request's Events (engine/outputs.py is their one writer; the
-edge's sink hands them on; an offline caller passes none and reads the finished Request's result). The last Event
+explicit: the Sink given at construction receives the request's Outputs (engine/outputs.py is their one writer; the
+edge's sink hands them on; an offline caller passes none and reads the finished Request's result). The last Output
 carries the request's Result by value, so no other thread ever reads a Request the engine thread writes.
 """
 from __future__ import annotations
@@ -109,12 +109,14 @@ class Result:
 
 
 @dataclass(frozen=True)
-class Event:
-    """What the engine hands back: new text and ids (streams only), or the end (result set)."""
+class Output:
+    """One request's news from one step, by value: new ids and text (streams), and on its last output its Result."""
 
+    request_id: int
     token_ids: tuple[int, ...] = ()
     text: str = ""
-    result: Result | None = None  # set on the last Event only
+    result: Result | None = None  # set on the last output only
+    refused: str | None = None  # the engine refused the request (its queue was full): nothing ran, no result follows
 
     @property
     def finish_reason(self) -> FinishReason | None:
@@ -126,10 +128,10 @@ class Event:
 
 
 class Sink(Protocol):
-    """Where a request's Events go. put() is called from the engine thread during a step, flush() once at its end,
+    """Where a request's Outputs go. put() is called from the engine thread during a step, flush() once at its end,
     so a sink can hand a whole step's events to another thread in one hop."""
 
-    def put(self, request: Request, event: Event) -> None: ...
+    def put(self, request: Request, output: Output) -> None: ...
 
     def flush(self) -> None: ...
 
@@ -137,7 +139,7 @@ class Sink(Protocol):
 class NoSink:
     """Offline use (warm-up, verify, bench): the finished Request itself is the result."""
 
-    def put(self, request: Request, event: Event) -> None:
+    def put(self, request: Request, output: Output) -> None:
         pass
 
     def flush(self) -> None:
@@ -151,14 +153,14 @@ NO_SINK = NoSink()
 class Request:
     input_ids: list[int]  # source ids as the encoder sees them (ending with the end token)
     params: SamplingParams = field(default_factory=SamplingParams)
-    sink: Sink = NO_SINK  # receives this request's Events
-    stream: bool = False  # True: an Event per step with the new text; False: only the final Event
+    sink: Sink = NO_SINK  # receives this request's Outputs
+    stream: bool = False  # True: an Output per step with the new text; False: only the final Output
     deadline: float | None = None  # time.monotonic() by which the request must end
     forced_bos: int | None = None  # this row's forced first token (the target language's), over the model's own
     id: int = field(default_factory=lambda: next(_ids))
     arrival: float = field(default_factory=time.monotonic)
     status: RequestStatus = RequestStatus.WAITING
-    result: Result | None = None  # once FINISHED: what the final Event carried (engine/outputs.py sets it)
+    result: Result | None = None  # once FINISHED: what the final Output carried (engine/outputs.py sets it)
     scheduled_at: float | None = None  # admitted into the running batch
     first_token_at: float | None = None
     finished_at: float | None = None

@@ -33,7 +33,7 @@ def test_no_engine_class_inherits_from_another_engine_class():
 def test_only_outputs_py_builds_events_and_results():
     builders = sorted({f.name for f in ENGINE.glob("*.py") for node in ast.walk(_tree(f.name))
                        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
-                       and node.func.id in ("Event", "Result", "Sequence", "TokenLogprob")})
+                       and node.func.id in ("Output", "Result", "Sequence", "TokenLogprob")})
     assert builders == ["outputs.py"]
 
 
