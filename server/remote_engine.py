@@ -105,6 +105,7 @@ class RemoteEngine:
         self._stopping = False
         self._stop_deadline = 0.0
         self._stop_ok = False
+        self._closed = False  # stopped: a later stop answers as the first did, a later abort has nothing to end
         self._engine: _Process | None = None
         try:
             self._engine = self._spawn()
@@ -136,15 +137,21 @@ class RemoteEngine:
         requests = list(requests)
         if not requests:
             return
+        if self._closed:  # stopped: nothing will run them
+            self._hand(_cancelled([r.id for r in requests]))
+            return
         with self._lock:  # held, then queued to send: an abort seen after it is sent after it
             self._held.update(r.id for r in requests)
             self._commands.put((ADD, tuple(r.id for r in requests), wire.dumps(requests)))
 
     def abort(self, request_id: int, deadline: bool = False) -> None:
-        self._commands.put((ABORT, request_id, deadline))
+        if not self._closed:  # once stopped, every request it held has ended
+            self._commands.put((ABORT, request_id, deadline))
 
     def stop(self, timeout: float = 10.0) -> bool:
         """Drains the engine process (what it holds ends CANCELLED, outputs delivered) and waits for it to exit."""
+        if self._closed:
+            return self._stop_ok
         if self._thread is None:
             self.start(lambda report: None)
         self._commands.put((STOP, timeout))
@@ -314,6 +321,7 @@ class RemoteEngine:
             log.exception("delivering a step report failed")
 
     def _close(self) -> None:
+        self._closed = True
         if self._engine is not None:
             self._engine.close(kill=True)
             self._engine = None
