@@ -58,7 +58,9 @@ class _Process:
         ours, theirs = socket.socketpair()
         self.process = subprocess.Popen(
             [sys.executable, "-m", "seqserve.server.engine_process", "--address", address,
-             "--lifeline", str(theirs.fileno()), "--cpus", cpus], stdin=subprocess.PIPE, pass_fds=(theirs.fileno(),))
+             "--lifeline", str(theirs.fileno()), "--cpus", cpus,
+             "--log-level", logging.getLevelName(log.getEffectiveLevel())],  # it logs as much as the server does
+            stdin=subprocess.PIPE, pass_fds=(theirs.fileno(),))
         theirs.close()
         try:
             self.process.stdin.write(wire.dumps(cfg))

@@ -10,6 +10,7 @@ engine reads them all when it goes on (SIGCONT). Every wait is on a state and bo
 """
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import stat
@@ -24,6 +25,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
 from seqserve.contract.integrity import open_bundle
+from seqserve.engine.build import EngineConfig
+from seqserve.engine.device import RuntimeConfig
 from seqserve.server.remote_engine import RemoteEngine
 from seqserve.v1 import seqserve_pb2 as pb
 
@@ -292,3 +295,16 @@ def test_a_cancelled_stream_ends_its_request_in_the_engine(remote, sources):
     assert remote.metric("seqserve_finished_requests_total", reason="cancelled") == before + 1
     assert held not in _holds(engine)
     assert remote.stub.Generate(request(sources[1]), timeout=WAIT).token_ids
+
+
+@pytest.mark.parametrize("level", [logging.WARNING, logging.INFO])
+def test_the_engine_process_logs_at_the_server_level(tiny_bundle, capfd, caplog, level):
+    """`serve --log-level WARNING --engine-process` keeps the engine processes' INFO lines out of its log too."""
+    caplog.set_level(level, logger="seqserve")
+    engine = RemoteEngine(EngineConfig(tiny_bundle, runtime=RuntimeConfig(device="cpu", intra_op_threads=1)))
+    try:
+        pid = engine.process.pid
+    finally:
+        assert engine.stop(WAIT)
+    said = [line for line in capfd.readouterr().err.splitlines() if f"engine[{pid}] INFO" in line]
+    assert bool(said) == (level == logging.INFO), said
