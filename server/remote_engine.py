@@ -30,7 +30,16 @@ from seqserve.engine import wire
 from seqserve.engine.api import Deliver, EngineInfo, EngineRequest, Output, StepReport, StepStats
 from seqserve.engine.build import EngineConfig
 from seqserve.engine.request import FinishReason, Result
-from seqserve.server.engine_process import ABORT, ADD, HELLO, REPORT, STOP, STOP_MARGIN_SECONDS, STOPPED
+from seqserve.server.engine_process import (
+    ABORT,
+    ADD,
+    HELLO,
+    REPORT,
+    SOCKET_DIR_PREFIX,
+    STOP,
+    STOP_MARGIN_SECONDS,
+    STOPPED,
+)
 from seqserve.server.mailbox import Mailbox
 
 log = logging.getLogger("seqserve.server.remote_engine")
@@ -91,7 +100,7 @@ class RemoteEngine:
 
     def __init__(self, cfg: EngineConfig, start_seconds: float = START_SECONDS, cpus: str = "") -> None:
         self.cfg, self.cpus = cfg, cpus
-        self._dir = tempfile.mkdtemp(prefix="seqserve-engine-")  # mode 0700: only this user reaches the socket
+        self._dir = tempfile.mkdtemp(prefix=SOCKET_DIR_PREFIX)  # mode 0700: only this user reaches the socket
         self._ctx = zmq.Context()
         self._identity = f"front-{os.getpid()}-{uuid.uuid4().hex}".encode()
         self._starts = itertools.count(1)

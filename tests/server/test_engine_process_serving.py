@@ -12,8 +12,11 @@ from __future__ import annotations
 
 import logging
 import os
+import select
 import signal
 import stat
+import subprocess
+import sys
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -308,3 +311,39 @@ def test_the_engine_process_logs_at_the_server_level(tiny_bundle, capfd, caplog,
         assert engine.stop(WAIT)
     said = [line for line in capfd.readouterr().err.splitlines() if f"engine[{pid}] INFO" in line]
     assert bool(said) == (level == logging.INFO), said
+
+
+def _alive(pid: int) -> bool:
+    """Whether the process runs (a zombie waiting for its reaper has exited)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def test_a_front_end_that_dies_takes_its_engine_with_it(tiny_bundle):
+    """kill -9 of the process that started an engine process: the engine reads end-of-file on its lifeline, drains
+    and exits, rather than live on alone, and removes the socket directory its dead front end left."""
+    front = subprocess.Popen(
+        [sys.executable, "-c", "import sys\n"
+         "from seqserve.engine.build import EngineConfig\n"
+         "from seqserve.engine.device import RuntimeConfig\n"
+         "from seqserve.server.remote_engine import RemoteEngine\n"
+         "e = RemoteEngine(EngineConfig(sys.argv[1], runtime=RuntimeConfig(device='cpu', intra_op_threads=1)))\n"
+         "e.start(lambda report: None)\n"
+         "print(e.process.pid, e._dir, flush=True)\n"
+         "sys.stdin.read()\n", str(tiny_bundle)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert select.select([front.stdout], [], [], WAIT)[0], "the front end's engine did not start"
+        pid, socket_dir = front.stdout.readline().split()
+        pid = int(pid)
+        assert Path(socket_dir).is_dir()
+        assert _alive(pid)
+        front.kill()
+        front.wait(WAIT)
+        wait_for(lambda: not _alive(pid), WAIT, "the engine process to exit")
+        assert not Path(socket_dir).exists()  # nothing of the two is left in the temporary directory
+    finally:
+        if front.poll() is None:
+            front.kill()
+            front.wait(WAIT)
