@@ -24,9 +24,11 @@ import dataclasses
 import itertools
 import logging
 import os
+import shutil
 import socket
 import sys
 from collections import defaultdict
+from pathlib import Path
 
 import zmq
 
@@ -41,6 +43,7 @@ log = logging.getLogger("seqserve.server.engine_process")
 HELLO, ADD, ABORT, REPORT, STOP, STOPPED, BYE = b"H", b"A", b"X", b"R", b"S", b"D", b"B"
 LINGER_MS = 5_000  # how long the exiting engine keeps trying to hand its last reports to a front end
 STOP_MARGIN_SECONDS = 5.0  # beyond stop's own timeout, for the last reports and the process exit
+SOCKET_DIR_PREFIX = "seqserve-engine-"  # the private directory a front end makes for its engines' ipc sockets
 
 
 class EngineServer:
@@ -57,6 +60,7 @@ class EngineServer:
         self.fronts: list[bytes] = []  # front ends in the order they said hello; the first gets the figures
         self.owner: dict[int, tuple[bytes, int]] = {}  # engine id -> (front end, its id)
         self.engine_id: dict[tuple[bytes, int], int] = {}
+        self.orphaned = False  # the starting front end died: nobody else will remove its socket directory
         self._ids = itertools.count(1)
 
     def serve(self) -> int:
@@ -77,6 +81,7 @@ class EngineServer:
                     return 0
                 if self.lifeline is not None and self.lifeline.fileno() in events:
                     log.warning("the front end that started this engine is gone: draining and exiting")
+                    self.orphaned = True
                     self.core.stop()
                     return 0
                 if self.core.has_work():
@@ -174,7 +179,12 @@ def main(argv: list[str] | None = None) -> int:
     lifeline = socket.socket(fileno=args.lifeline) if args.lifeline is not None else None
     core = build(cfg)
     log.info("engine of %s (%s, %s) serving on %s", cfg.bundle, core.info.variant, core.info.provider, args.address)
-    return EngineServer(core, args.address, lifeline).serve()
+    server = EngineServer(core, args.address, lifeline)
+    code = server.serve()
+    folder = Path(args.address.removeprefix("ipc://")).parent
+    if server.orphaned and args.address.startswith("ipc://") and folder.name.startswith(SOCKET_DIR_PREFIX):
+        shutil.rmtree(folder, ignore_errors=True)  # the sockets of this engine and of any killed before it
+    return code
 
 
 if __name__ == "__main__":

@@ -30,7 +30,16 @@ from seqserve.engine import wire
 from seqserve.engine.api import Deliver, EngineInfo, EngineRequest, Output, StepReport, StepStats
 from seqserve.engine.build import EngineConfig
 from seqserve.engine.request import FinishReason, Result
-from seqserve.server.engine_process import ABORT, ADD, HELLO, REPORT, STOP, STOP_MARGIN_SECONDS, STOPPED
+from seqserve.server.engine_process import (
+    ABORT,
+    ADD,
+    HELLO,
+    REPORT,
+    SOCKET_DIR_PREFIX,
+    STOP,
+    STOP_MARGIN_SECONDS,
+    STOPPED,
+)
 from seqserve.server.mailbox import Mailbox
 
 log = logging.getLogger("seqserve.server.remote_engine")
@@ -58,7 +67,9 @@ class _Process:
         ours, theirs = socket.socketpair()
         self.process = subprocess.Popen(
             [sys.executable, "-m", "seqserve.server.engine_process", "--address", address,
-             "--lifeline", str(theirs.fileno()), "--cpus", cpus], stdin=subprocess.PIPE, pass_fds=(theirs.fileno(),))
+             "--lifeline", str(theirs.fileno()), "--cpus", cpus,
+             "--log-level", logging.getLevelName(log.getEffectiveLevel())],  # it logs as much as the server does
+            stdin=subprocess.PIPE, pass_fds=(theirs.fileno(),))
         theirs.close()
         try:
             self.process.stdin.write(wire.dumps(cfg))
@@ -89,7 +100,7 @@ class RemoteEngine:
 
     def __init__(self, cfg: EngineConfig, start_seconds: float = START_SECONDS, cpus: str = "") -> None:
         self.cfg, self.cpus = cfg, cpus
-        self._dir = tempfile.mkdtemp(prefix="seqserve-engine-")  # mode 0700: only this user reaches the socket
+        self._dir = tempfile.mkdtemp(prefix=SOCKET_DIR_PREFIX)  # mode 0700: only this user reaches the socket
         self._ctx = zmq.Context()
         self._identity = f"front-{os.getpid()}-{uuid.uuid4().hex}".encode()
         self._starts = itertools.count(1)
@@ -105,6 +116,7 @@ class RemoteEngine:
         self._stopping = False
         self._stop_deadline = 0.0
         self._stop_ok = False
+        self._closed = False  # stopped: a later stop answers as the first did, a later abort has nothing to end
         self._engine: _Process | None = None
         try:
             self._engine = self._spawn()
@@ -136,15 +148,21 @@ class RemoteEngine:
         requests = list(requests)
         if not requests:
             return
+        if self._closed:  # stopped: nothing will run them
+            self._hand(_cancelled([r.id for r in requests]))
+            return
         with self._lock:  # held, then queued to send: an abort seen after it is sent after it
             self._held.update(r.id for r in requests)
             self._commands.put((ADD, tuple(r.id for r in requests), wire.dumps(requests)))
 
     def abort(self, request_id: int, deadline: bool = False) -> None:
-        self._commands.put((ABORT, request_id, deadline))
+        if not self._closed:  # once stopped, every request it held has ended
+            self._commands.put((ABORT, request_id, deadline))
 
     def stop(self, timeout: float = 10.0) -> bool:
         """Drains the engine process (what it holds ends CANCELLED, outputs delivered) and waits for it to exit."""
+        if self._closed:
+            return self._stop_ok
         if self._thread is None:
             self.start(lambda report: None)
         self._commands.put((STOP, timeout))
@@ -314,6 +332,7 @@ class RemoteEngine:
             log.exception("delivering a step report failed")
 
     def _close(self) -> None:
+        self._closed = True
         if self._engine is not None:
             self._engine.close(kill=True)
             self._engine = None
