@@ -95,3 +95,45 @@ def test_every_call_asks_for_greedy_decoding_as_the_offline_row_whatever_the_mod
 
     options = bench_streams.decoding_options(MAX_NEW)
     assert (options.num_beams, options.max_new_tokens, options.min_new_tokens) == (1, MAX_NEW, MAX_NEW)
+
+
+@pytest.fixture(scope="module")
+def split_report(tiny_bundle, tmp_path_factory):
+    out = tmp_path_factory.mktemp("server-bench-split")
+    cores = sorted(os.sched_getaffinity(0))[:2]
+    argv = ["--bundle", str(tiny_bundle), "--streams", str(STREAMS), "--max-batch-size", str(STREAMS),
+            "--max-new-tokens", str(MAX_NEW), "--warmup", "0.5", "--duration", "1.5", "--sequential-requests",
+            str(SEQUENTIAL), "-n", "8", "--server-core", str(cores[0]), "--client-core", str(cores[1]),
+            "--engine-process", "--out", str(out / "report.json")]
+    assert server_bench.main(argv) == 0
+    return json.loads((out / "report.json").read_text())
+
+
+@needs_two_cores
+def test_engine_process_pins_the_engine_to_the_server_core_and_the_front_end_apart(split_report):
+    cores = sorted(os.sched_getaffinity(0))[:2]
+    assert split_report["server_command"].startswith(f"taskset -c {cores[1]} ")  # the front end, on the client core
+    assert f"--engine-process --engine-cpus {cores[0]}" in split_report["server_command"]
+    c = split_report["concurrent"]
+    assert c["calls"] >= STREAMS and c["calls_by_generated_tokens"] == {str(MAX_NEW): c["calls"]}
+    assert c["server_tokens"] > 0
+
+
+def test_a_server_s_cpu_counts_its_running_child_processes():
+    """cpu_seconds sums the process tree: a child that burned CPU and still runs is in its parent's figure."""
+    import signal
+    import subprocess
+    import sys
+
+    from seqserve.loadtest.bench_streams import cpu_seconds
+    burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass\nprint(1, flush=True)\n" \
+           "time.sleep(30)"
+    parent = subprocess.Popen([sys.executable, "-c", "import subprocess, sys; p = subprocess.Popen([sys.executable, "
+                               f"'-c', {burn!r}], stdout=sys.stdout); p.wait()"], stdout=subprocess.PIPE, text=True,
+                              start_new_session=True)
+    try:
+        assert parent.stdout.readline().strip() == "1"  # the child burned its 0.3 s and now sleeps
+        assert cpu_seconds(parent.pid) >= 0.25
+    finally:
+        os.killpg(parent.pid, signal.SIGKILL)  # the parent and its sleeping child
+        parent.wait()
