@@ -11,6 +11,7 @@ import time
 import grpc
 
 from seqserve.server.metrics import Metrics
+from seqserve.server.pipe import Pipe
 
 # The client's deadline runs out a little before the server's (the server's clock starts when the call arrives), so a
 # call cancelled this close to its deadline was ended by the deadline: it counts, and ends its rows, as DEADLINE.
@@ -18,13 +19,13 @@ DEADLINE_SLACK_SECONDS = 0.05
 
 
 class Call:
-    """One RPC: its deadline, its request's bytes, and the requests it added to its model's engine: (id, the queue
+    """One RPC: its deadline, its request's bytes, and the requests it added to its model's engine: (id, the pipe
     their outputs arrive on)."""
 
     def __init__(self, context: grpc.aio.ServicerContext) -> None:
         remaining = context.time_remaining()
         self.deadline = None if remaining is None else time.monotonic() + remaining
-        self.rows: list[tuple[int, asyncio.Queue]] = []
+        self.rows: list[tuple[int, Pipe]] = []
         self.bytes = 0  # its request's payload, held against max_inflight_bytes while the call lasts
         self.model = None  # the ServedModel it runs on, once its request named one (service._model)
 

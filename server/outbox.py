@@ -4,7 +4,7 @@ An engine calls deliver once per step, from its own thread (engine/core.py) or o
 reads another process's reports there). Reports that arrive while a hop is pending join it: a busy loop takes every
 waiting report in one hop, and each stream then wakes once for all of them (one message with every new token), not
 once per step. A hop first applies each step's figures to the metrics, then hands every Output to its request's
-asyncio.Queue, so a client that has its answer finds it counted. A request's queue closes with its last output (the
+Pipe (server/pipe.py), so a client that has its answer finds it counted. A request's queue closes with its last output (the
 one that carries its Result).
 """
 from __future__ import annotations
@@ -14,19 +14,20 @@ import threading
 
 from seqserve.engine.api import StepReport
 from seqserve.server.engine_metrics import EngineMetrics
+from seqserve.server.pipe import Pipe
 
 
 class Outbox:
     def __init__(self, loop: asyncio.AbstractEventLoop, metrics: EngineMetrics) -> None:
         self.loop, self.metrics = loop, metrics
-        self._queues: dict[int, asyncio.Queue] = {}  # request id -> its queue (touched only on the event loop)
+        self._queues: dict[int, Pipe] = {}  # request id -> its pipe (touched only on the event loop)
         self._pending: list[StepReport] = []  # reports waiting for the hop already scheduled
         self._lock = threading.Lock()  # deliver may come from the engine's thread while the loop takes the reports
 
-    def open(self, request_id: int) -> asyncio.Queue:
-        """Event loop: the queue this request's outputs arrive on (opened before the engine has the request)."""
-        queue = self._queues[request_id] = asyncio.Queue()
-        return queue
+    def open(self, request_id: int) -> Pipe:
+        """Event loop: the pipe this request's outputs arrive on (opened before the engine has the request)."""
+        pipe = self._queues[request_id] = Pipe()
+        return pipe
 
     def is_open(self, request_id: int) -> bool:
         """Whether the request's last output is still to come (the engine may still hold it)."""
@@ -56,9 +57,9 @@ class Outbox:
         for report in reports:  # in order: a request's outputs arrive as the engine made them
             self.metrics.apply(report.stats)
             for out in report.outputs:
-                queue = self._queues.get(out.request_id)
-                if queue is not None:
-                    queue.put_nowait(out)
+                pipe = self._queues.get(out.request_id)
+                if pipe is not None:
+                    pipe.put(out)
                 if out.result is not None or out.refused is not None:  # its last output
                     self._queues.pop(out.request_id, None)
 

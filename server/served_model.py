@@ -14,6 +14,7 @@ from seqserve.engine.request import SamplingParams
 from seqserve.server.inflight import Call
 from seqserve.server.metrics import ModelMetrics
 from seqserve.server.outbox import Outbox
+from seqserve.server.pipe import Pipe
 from seqserve.server.settings import Limits
 
 
@@ -48,7 +49,7 @@ class ServedModel:
         except TimeoutError:
             return False
 
-    def cancel(self, rows: list[tuple[int, asyncio.Queue]], deadline: bool = False) -> None:
+    def cancel(self, rows: list[tuple[int, Pipe]], deadline: bool = False) -> None:
         """The engine ends these rows at its next step (DEADLINE or CANCELLED), each with its last output; a row
         whose last output already came is not asked about again."""
         for request_id, _ in rows:

@@ -2,7 +2,7 @@
 
 Protobuf stays at this edge: only this module and responses.py (the result -> message builders) import generated
 code (client.py is the client's side). The engine is an api.EngineClient, whatever runs it: its reports reach the
-event loop through the model's Outbox (one hop per engine step) and each Output lands on its request's asyncio.Queue,
+event loop through the model's Outbox (one hop per engine step) and each Output lands on its request's Pipe (server/pipe.py),
 so the event loop never waits on inference.
 """
 from __future__ import annotations
@@ -26,6 +26,7 @@ from seqserve.server.inflight import Call, InFlight
 from seqserve.server.languages import LanguageRefused, RequestLanguages, resolve
 from seqserve.server.metrics import Metrics
 from seqserve.server.outbox import Outbox
+from seqserve.server.pipe import Pipe
 from seqserve.server.responses import config_value, option_ranges, response, summary
 from seqserve.server.served_model import ServedModel
 from seqserve.server.settings import Limits
@@ -193,11 +194,9 @@ class GenerationService(pb_grpc.GenerationServicer):
             params, langs = self._params(call, request.options), self._languages(call, request)
             row = self._new_request(call, request.input, "input", params, stream=True, langs=langs)
             self._submit(call, [row])
-            queue = call.rows[0][1]
+            pipe = call.rows[0][1]
             while True:
-                outputs = [await queue.get()]
-                while not queue.empty():  # a slow reader gets the backlog in one message
-                    outputs.append(queue.get_nowait())
+                outputs = await pipe.take()  # a slow reader gets the backlog in one message
                 piece = pb.GenerateStreamResponse(text="".join(o.text for o in outputs),
                                                   token_ids=[t for o in outputs for t in o.token_ids])
                 end = outputs[-1]
@@ -223,7 +222,7 @@ class GenerationService(pb_grpc.GenerationServicer):
             rows = [self._new_request(call, text, f"inputs[{i}]", params, stream=False, langs=langs[i])
                     for i, text in enumerate(request.inputs)]
             self._submit(call, rows)
-            results = [await self._result(queue) for _, queue in call.rows]  # all run at once in the engine
+            results = [await self._result(pipe) for _, pipe in call.rows]  # all run at once in the engine
             return pb.GenerateBatchResponse(results=[response(r) for r in results])
 
     async def GetModelInfo(self, request: pb.GetModelInfoRequest, context) -> pb.ModelInfo:
@@ -281,7 +280,7 @@ class GenerationService(pb_grpc.GenerationServicer):
     def _submit(self, call: Call, rows: list[EngineRequest]) -> None:
         """Queues every row or none: a call the engine cannot take whole gets RESOURCE_EXHAUSTED at once."""
         model = call.model
-        queues = [model.outbox.open(row.id) for row in rows]  # open first: the engine may answer at once
+        pipes = [model.outbox.open(row.id) for row in rows]  # open first: the engine may answer at once
         try:
             model.engine.add(rows)
         except QueueFull as exc:
@@ -292,16 +291,16 @@ class GenerationService(pb_grpc.GenerationServicer):
             for row in rows:
                 model.outbox.close(row.id)
             raise
-        call.rows.extend((row.id, queue) for row, queue in zip(rows, queues))
+        call.rows.extend(zip((row.id for row in rows), pipes))
 
     @staticmethod
-    async def _result(queue: asyncio.Queue) -> Result:
+    async def _result(pipe: Pipe) -> Result:
         while True:
-            output = await queue.get()
-            _raise_for_refusal(output)
-            if output.result is not None:
-                _raise_for_end(output.result)
-                return output.result
+            for output in await pipe.take():
+                _raise_for_refusal(output)
+                if output.result is not None:
+                    _raise_for_end(output.result)
+                    return output.result
 
 
 def _label(call: Call) -> str:

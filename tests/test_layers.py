@@ -40,7 +40,7 @@ SERVER_FROM_CLIENT = {"seqserve.client.flags", "seqserve.client.channel"}
 # server/loading.py, which builds an engine, reaches further (engine/build.py and the configs build takes).
 EDGE_FROM_ENGINE = {"seqserve.engine.api", "seqserve.engine.request"}
 EDGE_CALL_PATH = {f"seqserve.server.{m}" for m in ("app", "service", "served_model", "inflight", "outbox",
-                                                     "engine_metrics", "options", "responses")}
+                                                     "engine_metrics", "options", "responses", "pipe")}
 # The loadtest modules that run the engine in their own process, without gRPC: every benchmark row (the offline
 # engine row server_bench compares the gRPC path against included), the graph-loop row, the engine, node and step
 # profilers, and the provider probe. Every other loadtest module (locustfile, grpc_user, driver, command, sweep, ...)
