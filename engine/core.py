@@ -1,14 +1,14 @@
 """The engine behind its narrow interface (api.EngineClient), in the edge's own process: a thread steps it.
 
 The edge hands in EngineRequests and gets one StepReport per step through the one callback it gave start(): outputs and
-figures by value, never a Request. engine/process.py serves the same interface from a process of its own.
+figures by value, never a Request. server/engine_process.py serves the same interface from a process of its own.
 """
 from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
 
-from seqserve.engine.api import Deliver, EngineInfo, EngineRequest, Output, QueueFull, StepReport
+from seqserve.engine.api import Deliver, EngineInfo, EngineRequest, Output, StepReport
 from seqserve.engine.engine import Engine
 from seqserve.engine.request import Request
 
@@ -55,16 +55,8 @@ class EngineCore:
         made = [Request(list(r.input_ids), r.params, sink=self._outputs, stream=r.stream, deadline=r.deadline,
                         forced_bos=r.forced_bos, id=r.id, arrival=r.arrival) for r in requests]
         with self._lock:
-            if len(made) > self.free():
-                raise QueueFull(f"{self.engine.scheduler.n_waiting} requests waiting "
-                                f"(max_waiting={self.info.max_waiting})")
-            for r in made:
-                self._held[r.id] = r
-                self.engine.submit(r)
-
-    def free(self) -> int:
-        """Requests the waiting queue takes now."""
-        return self.info.max_waiting - self.engine.scheduler.n_waiting
+            self.engine.submit(made)  # every one or none: QueueFull
+            self._held.update((r.id, r) for r in made)
 
     def abort(self, request_id: int, deadline: bool = False) -> None:
         with self._lock:

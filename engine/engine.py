@@ -81,9 +81,9 @@ class Engine:
     def _thread(self):
         return self.loop.thread
 
-    def submit(self, request: Request) -> None:
-        """Queues a request (raises QueueFull when the waiting queue is at its limit) and wakes the loop."""
-        self.scheduler.add(request)
+    def submit(self, requests: list[Request]) -> None:
+        """Queues every request or none (raises QueueFull when they do not fit the waiting queue); wakes the loop."""
+        self.scheduler.add(requests)
         self.loop.wake()
 
     def generate(self, requests: list[Request]) -> list[Request]:
@@ -91,7 +91,7 @@ class Engine:
         pending = collections.deque(requests)
         while pending or self.scheduler.has_work():
             while pending and self.scheduler.n_waiting < self.scheduler.cfg.max_waiting:
-                self.submit(pending.popleft())
+                self.submit([pending.popleft()])
             self.step()
         return requests
 

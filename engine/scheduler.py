@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import collections
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
 from seqserve.engine import finish
+from seqserve.engine.api import QueueFull
 from seqserve.engine.outputs import end
 from seqserve.engine.request import Request, RequestStatus
 
@@ -47,10 +49,6 @@ SWEEP_SECONDS = 0.01
 WAITING_SWEEP_SECONDS = 0.1
 
 
-class QueueFull(Exception):
-    """The waiting queue is at max_waiting: the service answers RESOURCE_EXHAUSTED at once."""
-
-
 @dataclass(frozen=True)
 class Plan:
     retired: list[Request]  # rows that left since the last step: free their slots
@@ -72,11 +70,12 @@ class Scheduler:
         self._lock = threading.Lock()  # add() comes from the gRPC loop, schedule() from the engine thread
         self._swept = self._swept_waiting = float("-inf")  # when running / waiting were last scanned
 
-    def add(self, request: Request) -> None:
+    def add(self, requests: Sequence[Request]) -> None:
+        """Queues every request or none: the one queue-full rule (QueueFull names the limit)."""
         with self._lock:
-            if len(self.waiting) >= self.cfg.max_waiting:
+            if len(self.waiting) + len(requests) > self.cfg.max_waiting:
                 raise QueueFull(f"{len(self.waiting)} requests waiting (max_waiting={self.cfg.max_waiting})")
-            self.waiting.append(request)
+            self.waiting.extend(requests)
 
     @property
     def running(self) -> list[Request]:

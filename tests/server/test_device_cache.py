@@ -128,7 +128,7 @@ def test_a_probe_on_the_device_cache_changes_nothing_and_sees_the_step(tiny_bund
     e = Engine(runner, tok, Scheduler(SchedulerConfig(cross_bytes_per_token=runner.cross_bytes_per_token,
                                                       max_batch_size=4)), Metrics())
     for s in ids[:3]:
-        e.submit(Request(s, SamplingParams(max_new_tokens=12)))
+        e.submit([Request(s, SamplingParams(max_new_tokens=12))])
     e.step()
     e.step()
     before = [b.numpy().copy() for b in runner.cache.self_kv]

@@ -45,7 +45,7 @@ def test_a_stop_that_outwaits_its_patience_leaves_the_requests_to_the_engine_thr
     sources = [tok.encode(s).ids for s, _ in heldout_pairs(tiny_bundle, 4)]
     requests = [Request(s, SamplingParams(max_new_tokens=50, min_new_tokens=50), sink=sink) for s in sources]
     for r in requests:  # two run, two wait: stop must end both kinds
-        engine.submit(r)
+        engine.submit([r])
     gate.wait_held()  # the engine thread is inside its loop, between two steps, and stays there
 
     drained = engine.stop(timeout=0.1)

@@ -18,7 +18,7 @@ def test_fcfs_up_to_max_batch_size_and_a_finished_row_makes_room_at_the_next_ste
     s = Scheduler(SchedulerConfig(max_batch_size=2))
     a, b, c = req(), req(), req()
     for r in (a, b, c):
-        s.add(r)
+        s.add([r])
     plan = s.schedule(now=0.0)
     assert plan.admitted == [a, b] and s.running == [a, b] and plan.retired == []
     assert c.status is RequestStatus.WAITING and s.encoded(c) and s.n_waiting == 1  # encoded with the admitted rows
@@ -32,8 +32,8 @@ def test_kv_budget_counts_the_padded_batch_not_the_sum_of_rows():
     2 x (40 + 40) = 160: only one row is admitted."""
     long_source, long_output = req(src_len=40, max_new=4), req(src_len=4, max_new=40)
     s = Scheduler(SchedulerConfig(max_kv_tokens=100))
-    s.add(long_source)
-    s.add(long_output)
+    s.add([long_source])
+    s.add([long_output])
     assert s.schedule(now=0.0).admitted == [long_source]  # 44 + 44 fits a sum, 160 padded slots do not
     end(long_source, FinishReason.EOS, 1.0)
     assert s.schedule(now=1.0).admitted == [long_output]
@@ -43,7 +43,7 @@ def test_the_head_waits_for_cache_and_is_never_overtaken():
     s = Scheduler(SchedulerConfig(max_kv_tokens=50))
     running, big, small = req(src_len=4, max_new=8), req(src_len=4, max_new=40), req(src_len=2, max_new=2)
     for r in (running, big, small):
-        s.add(r)
+        s.add([r])
     assert s.schedule(now=0.0).admitted == [running]
     assert s.schedule(now=0.1).admitted == []  # small would fit, but big is first in line
     end(running, FinishReason.LENGTH, 0.2)
@@ -54,16 +54,26 @@ def test_the_head_waits_for_cache_and_is_never_overtaken():
 def test_a_row_over_the_whole_budget_still_runs_alone():
     s = Scheduler(SchedulerConfig(max_kv_tokens=10))
     huge = req(src_len=30, max_new=30)
-    s.add(huge)
+    s.add([huge])
     assert s.schedule(now=0.0).admitted == [huge]
 
 
 def test_queue_full_is_refused_at_once():
     s = Scheduler(SchedulerConfig(max_waiting=2))
-    s.add(req())
-    s.add(req())
+    s.add([req()])
+    s.add([req()])
     with pytest.raises(QueueFull, match="max_waiting=2"):
-        s.add(req())
+        s.add([req()])
+
+
+def test_a_batch_the_queue_cannot_take_whole_is_refused_whole():
+    s = Scheduler(SchedulerConfig(max_waiting=2))
+    s.add([req()])
+    with pytest.raises(QueueFull, match="max_waiting=2"):
+        s.add([req(), req()])  # one place is free: neither is queued
+    assert s.n_waiting == 1
+    s.add([req()])
+    assert s.n_waiting == 2
 
 
 def test_cancelled_and_expired_rows_leave_running_and_waiting():
@@ -80,7 +90,7 @@ def test_cancelled_and_expired_rows_leave_running_and_waiting():
     waiting_cancel, waiting_late = req(), req(deadline=5.0)
     for r in (running_cancel, running_late, waiting_cancel, waiting_late):
         r.sink = events
-        s.add(r)
+        s.add([r])
     s.schedule(now=0.0)
     running_cancel.cancel()
     waiting_cancel.cancel()
@@ -99,7 +109,7 @@ def test_encode_ahead_takes_waiting_requests_in_order_within_the_byte_budget():
     s = Scheduler(SchedulerConfig(max_batch_size=1, encode_batch=4, cross_bytes_per_token=10, max_encoded_bytes=100))
     first, a, b, big, c = req(src_len=4), req(src_len=4), req(src_len=4), req(src_len=5), req(src_len=1)
     for r in (first, a, b, big, c):
-        s.add(r)
+        s.add([r])
     plan = s.schedule(now=0.0)
     assert plan.admitted == [first] and plan.encode == [first, a, b]  # 40 + 40 bytes; big's 50 would exceed 100
     assert s.encoded_bytes == 80 and [s.encoded(r) for r in (a, b, big, c)] == [True, True, False, False]

@@ -106,9 +106,9 @@ def test_a_row_whose_choice_reads_the_logits_takes_the_host_path(tiny_bundle, ch
 def test_the_engine_asks_for_ids_only_when_no_row_reads_the_logits(choice_bundle, sources):
     tok, ids = sources
     e = _engine(choice_bundle, tok)
-    e.submit(Request(ids[0], SamplingParams(max_new_tokens=8)))
+    e.submit([Request(ids[0], SamplingParams(max_new_tokens=8))])
     e.step()
     assert e._need() is Need.IDS
-    e.submit(Request(ids[1], SamplingParams(max_new_tokens=8, temperature=0.5, seed=1)))
+    e.submit([Request(ids[1], SamplingParams(max_new_tokens=8, temperature=0.5, seed=1))])
     e.step()
     assert e._need() is Need.LOGITS

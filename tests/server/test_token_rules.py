@@ -212,7 +212,7 @@ def test_a_step_takes_the_logits_only_when_a_rule_acts_on_one_of_its_rows(tiny_b
     assert (names.NEXT_TOKEN_IDS,) in fetched and (names.LOGITS,) in fetched  # ids, then the forced last step
     assert fetched.count((names.LOGITS,)) == 1  # every row reaches its last step together
     eng = runs["choice"][2]
-    eng.submit(Request(sources[0], SamplingParams(max_new_tokens=8)))
+    eng.submit([Request(sources[0], SamplingParams(max_new_tokens=8))])
     eng.step()
     assert eng._need() is Need.IDS
 
