@@ -6,8 +6,8 @@ def cpu_list(text: str) -> set[int]:
     """The CPUs a list names; ValueError on anything else (an empty list included)."""
     cpus: set[int] = set()
     for part in text.split(","):
-        lo, _, hi = part.strip().partition("-")
-        if not lo.isdigit() or (hi and not hi.isdigit()):
+        lo, dash, hi = part.strip().partition("-")
+        if not lo.isdigit() or (dash and not hi.isdigit()):
             raise ValueError(f"not a CPU list (like 0 or 0,2-3): {text!r}")
         first, last = int(lo), int(hi or lo)
         if last < first or last >= 4096:

@@ -186,8 +186,8 @@ class Settings:
                 yield f"{_names('engine_cpus')}: {exc}"
             else:
                 if missing:  # the server's own pinning (taskset) does not bind its engine processes
-                    yield f"{_names('engine_cpus')}: this machine has no CPU {sorted(missing)} (CPUs 0-" \
-                          f"{(os.cpu_count() or 1) - 1})"
+                    yield f"{_names('engine_cpus')}: {self.engine_cpus!r} names CPUs this machine does not have " \
+                          f"(it has 0-{(os.cpu_count() or 1) - 1})"
         yield from self._security_problems()
         for name, choices in (("variant", VARIANTS), ("kv_cache", KV_CACHES), ("device", DEVICES),
                               ("log_level", LOG_LEVELS)):

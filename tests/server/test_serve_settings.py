@@ -60,6 +60,12 @@ def test_flags_beat_environment_beat_defaults(tiny_bundle):
     (("--max-inflight-bytes", "2048"), {}, "--max-receive-message-bytes / SEQSERVE_MAX_RECEIVE_MESSAGE_BYTES "
                                            "(262144) exceeds --max-inflight-bytes"),
     (("--max-stop-bytes", "0"), {}, "--max-stop-bytes / SEQSERVE_MAX_STOP_BYTES must be in [1, inf], got 0"),
+    (("--engine-cpus", "0-"), {}, "--engine-cpus / SEQSERVE_ENGINE_CPUS: not a CPU list (like 0 or 0,2-3): '0-'"),
+    ((), {"SEQSERVE_ENGINE_CPUS": "a"}, "--engine-cpus / SEQSERVE_ENGINE_CPUS: not a CPU list"),
+    (("--engine-cpus", "3-1"), {}, "--engine-cpus / SEQSERVE_ENGINE_CPUS: not a CPU list"),
+    (("--engine-cpus", "0,4096"), {}, "--engine-cpus / SEQSERVE_ENGINE_CPUS: not a CPU list"),
+    (("--engine-cpus", f"0-{os.cpu_count()}"), {}, f"names CPUs this machine does not have (it has 0-"
+                                                   f"{os.cpu_count() - 1})"),
 ])
 def test_invalid_settings_name_the_flag_and_the_variable(tiny_bundle, argv, env, message):
     env = {"SEQSERVE_BUNDLE": str(tiny_bundle)} | env if "bundle" not in message else env
