@@ -10,9 +10,11 @@ engine reads them all when it goes on (SIGCONT). Every wait is on a state and bo
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import select
+import shutil
 import signal
 import stat
 import subprocess
@@ -28,6 +30,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
 from seqserve.contract.integrity import open_bundle
+from seqserve.contract.manifest import MANIFEST, sha256_of
+from seqserve.contract.verified import VERIFIED
 from seqserve.engine.build import EngineConfig
 from seqserve.engine.device import RuntimeConfig
 from seqserve.server.remote_engine import RemoteEngine
@@ -61,7 +65,7 @@ def make_remote(tiny_bundle):
     servers = []
 
     def make(**overrides) -> Served:
-        s = Served(tiny_bundle, engine_process=True, **overrides).wait_ready()
+        s = Served(overrides.pop("bundle", tiny_bundle), engine_process=True, **overrides).wait_ready()
         servers.append(s)
         return s
 
@@ -347,3 +351,50 @@ def test_a_front_end_that_dies_takes_its_engine_with_it(tiny_bundle):
         if front.poll() is None:
             front.kill()
             front.wait(WAIT)
+
+
+def test_a_deadline_that_passes_ends_the_request_in_the_engine_as_deadline(remote, sources):
+    """The call's deadline passes while the engine process is held: the client gets DEADLINE_EXCEEDED, the front end
+    aborts the request as a deadline, and the engine process counts its finish `deadline`."""
+    before = remote.metric("seqserve_finished_requests_total", reason="deadline")
+    engine, pid, sent = _stop_engine(remote)
+    stream = remote.stub.GenerateStream(request(sources[0], **LONG), timeout=1.0)
+    try:
+        _hold(engine, sent)
+        with pytest.raises(grpc.RpcError) as ended:
+            list(stream)  # ends when its deadline passes: the engine is stopped
+        assert ended.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        wait_for(lambda: engine.sent >= sent + 2, WAIT, "the abort handed to the engine's socket")
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    wait_for(lambda: remote.metric("seqserve_finished_requests_total", reason="deadline") == before + 1, WAIT,
+             "the engine's deadline finish counted")
+    assert not _holds(engine)
+
+
+def test_a_reload_starts_an_engine_process_for_a_new_model_and_stops_a_removed_one(make_remote, tiny_bundle,
+                                                                                   tmp_path, sources):
+    """A model repository served with --engine-process: a model added on reload gets an engine process of its own
+    and answers; a removed one drains and its engine process exits; the other keeps answering."""
+    repository = tmp_path / "models"
+    for name in ("a", "b"):
+        shutil.copytree(tiny_bundle, repository / name)
+        (repository / name / VERIFIED).write_text(json.dumps({"manifest_sha256": sha256_of(tiny_bundle / MANIFEST)}))
+    shutil.move(repository / "b", tmp_path / "b")  # not there yet
+    s = make_remote(bundle=None, model_repository=repository)
+    a_pid = s.app.models["a"].engine.process.pid
+    want = s.stub.Generate(request(sources[0]), timeout=WAIT)
+    shutil.move(tmp_path / "b", repository / "b")
+    s.run_async(s.app.reload()).result(120)
+    assert s.app.models.keys() == {"a", "b"}
+    b_pid = s.app.models["b"].engine.process.pid
+    assert b_pid != a_pid and not _gone(b_pid)
+    for name in ("a", "b"):
+        got = s.stub.Generate(pb.GenerateRequest(input=sources[0], model=name), timeout=WAIT)
+        assert (got.text, list(got.token_ids)) == (want.text, list(want.token_ids))
+    shutil.rmtree(repository / "a")
+    s.run_async(s.app.reload()).result(120)
+    assert s.app.models.keys() == {"b"}
+    wait_for(lambda: _gone(a_pid), WAIT, "the removed model's engine process gone")
+    got = s.stub.Generate(pb.GenerateRequest(input=sources[0], model="b"), timeout=WAIT)
+    assert (got.text, list(got.token_ids)) == (want.text, list(want.token_ids))
