@@ -3,7 +3,8 @@
 A rule changes scores (rows, vocab) in place: the logits of greedy and sampled rows, or a beam's log-probabilities.
 `acts` says which rows it changes this step (a vector operation, no Python per row), `apply` changes exactly those.
 `host` says whether a row it acts on needs the step's logits on the host (engine/step_output.py): a rule that could
-run in the graph would say False. `masks` says it only bans ids (-inf), the same on logits and log-probabilities. engine/token_rules.py keeps the rules in their one order.
+run in the graph would say False. `masks` says it only bans ids (-inf), the same on logits and log-probabilities.
+engine/token_rules.py keeps the rules in their one order.
 """
 from __future__ import annotations
 

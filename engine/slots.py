@@ -1,4 +1,5 @@
-"""The running batch as slots: which request (by id) holds each row, and every row's decoder state as preallocated arrays.
+"""The running batch as slots: which request (by id) holds each row, and every row's decoder state as preallocated
+arrays.
 
 A decoder step runs on rows [0, hi): every live row sits below hi, and a new row takes the lowest free slot, so the
 batch stays dense without moving anyone. Per-row state lives in arrays updated by vector operations (one numpy call

@@ -23,7 +23,8 @@ class Stats:
     def take(self, running: int, waiting: int, kv_cache_bytes: int) -> StepStats:
         """The step's figures by value, with the gauges as the step left them; the record starts empty again."""
         out = StepStats(self.input_tokens, self.generated_tokens, tuple(self.encoder_seconds),
-                        tuple(self.decoder_seconds), tuple(self.batch_rows), tuple(self.queue_seconds), tuple(self.first_token_seconds),
-                        tuple(self.inter_token_seconds), tuple(self.finished), running, waiting, kv_cache_bytes)
+                        tuple(self.decoder_seconds), tuple(self.batch_rows), tuple(self.queue_seconds),
+                        tuple(self.first_token_seconds), tuple(self.inter_token_seconds), tuple(self.finished),
+                        running, waiting, kv_cache_bytes)
         self.__init__()
         return out

@@ -4,8 +4,8 @@ An engine calls deliver once per step, from its own thread (engine/core.py) or o
 reads another process's reports there). Reports that arrive while a hop is pending join it: a busy loop takes every
 waiting report in one hop, and each stream then wakes once for all of them (one message with every new token), not
 once per step. A hop first applies each step's figures to the metrics, then hands every Output to its request's
-Pipe (server/pipe.py), so a client that has its answer finds it counted. A request's queue closes with its last output (the
-one that carries its Result).
+Pipe (server/pipe.py), so a client that has its answer finds it counted. A request's pipe closes with its last
+output (the one that carries its Result, or its refusal).
 """
 from __future__ import annotations
 

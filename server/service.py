@@ -2,8 +2,8 @@
 
 Protobuf stays at this edge: only this module and responses.py (the result -> message builders) import generated
 code (client.py is the client's side). The engine is an api.EngineClient, whatever runs it: its reports reach the
-event loop through the model's Outbox (one hop per engine step) and each Output lands on its request's Pipe (server/pipe.py),
-so the event loop never waits on inference.
+event loop through the model's Outbox (one hop per engine step) and each Output lands on its request's Pipe
+(server/pipe.py), so the event loop never waits on inference.
 """
 from __future__ import annotations
 
@@ -39,7 +39,6 @@ Code = grpc.StatusCode
 _ABORTS = (FinishReason.DEADLINE, FinishReason.CANCELLED, FinishReason.ERROR)  # ends the call with a non-OK status
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Generation"].full_name  # seqserve.v1.Generation
 _CHARS_PER_TOKEN_SLACK = 4  # NFC may compose up to 3 characters into one, so this bound never rejects a valid input
-# INTERNAL's details for a failure of the edge itself (the engine words its own in Result.error): names no internals
 
 
 class Rejected(Exception):

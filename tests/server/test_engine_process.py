@@ -27,7 +27,7 @@ from seqserve.server.remote_engine import RESTART_DELAYS, RemoteEngine, restart_
 WAIT = 30.0  # every wait is bounded: a hang fails the test instead of blocking the suite
 MAX_WAITING = 4
 SOURCES = ["b 5 9 k o 9 9 5 d", "f b 8 f d f j o d", "e c i 8 d", "a a 3 k"]
-LONG = SamplingParams(max_new_tokens=38, min_new_tokens=38)  # 38 steps (the bundle allows 40): the engine is held after the first
+LONG = SamplingParams(max_new_tokens=38, min_new_tokens=38)  # 38 steps (the bundle allows 40)
 _ids = itertools.count(1)
 
 
