@@ -21,7 +21,8 @@ def choose(logits: np.ndarray, per_row: dict[int, tuple[SamplingParams, np.rando
            eos_id: int, banned: np.ndarray, no_eos: np.ndarray | None = None) -> np.ndarray:
     """logits (B, V) float32 -> chosen ids (B,) int64, for tools and tests that hold no Slots. per_row maps a row to
     (its options, its generator, the ids it generated so far) for the rows that are not greedy; banned (K,) are the ids
-    sampling never returns; no_eos (B,) bool marks greedy rows still short of min_new_tokens (masked in logits itself)."""
+    sampling never returns; no_eos (B,) bool marks greedy rows still short of min_new_tokens (masked in logits
+    itself)."""
     if no_eos is not None and no_eos.any():
         MinNewTokens(eos_id).apply(logits, None, no_eos)
     chosen = logits.argmax(axis=-1)  # (B,) one vectorised argmax serves every greedy row

@@ -27,7 +27,8 @@ RESULT = Result(FinishReason.STOP, SEQUENCES, input_tokens=3, generated_tokens=2
                 first_token_seconds=0.25, total_seconds=1.5, error="boom")
 STATS = StepStats(input_tokens=11, generated_tokens=7, encoder_seconds=(0.5, 0.25), decoder_seconds=(0.125,),
                   batch_rows=(3, 4), queue_seconds=(0.01,), first_token_seconds=(0.02, 0.03),
-                  inter_token_seconds=(0.004,), finished=("eos", "cancelled"), running=3, waiting=8, kv_cache_bytes=1 << 33)
+                  inter_token_seconds=(0.004,), finished=("eos", "cancelled"), running=3, waiting=8,
+                  kv_cache_bytes=1 << 33)
 REPORT = StepReport((Output(3, (4, 5), "x y"), Output(4, (), "", RESULT),
                      Output(5, result=Result(FinishReason.CANCELLED)), Output(6, refused="queue full")), STATS)
 INFO = EngineInfo(max_waiting=9, forced_eos=True, languages={"en": 5, "de": {"id": 6, "names": ["Deutsch"]}},
