@@ -13,7 +13,9 @@ Security (docs/security.md): TLS / mutual TLS, bearer tokens, the bind addresses
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
+import os
 import time
 
 import grpc
@@ -24,6 +26,7 @@ from seqserve.server import signals
 from seqserve.server.auth import TokenAuth
 from seqserve.server.edge import Edge
 from seqserve.server.engine_metrics import EngineMetrics
+from seqserve.server.front_ends import FrontEnds, Role, metrics_port, watch_first
 from seqserve.server.handlers import add_refusing
 from seqserve.server.health import Health
 from seqserve.server.loading import Loaded, load_model, model_info
@@ -41,6 +44,7 @@ log = logging.getLogger("seqserve")
 ABORT_SECONDS = 5.0  # after the grace period: how long calls get to send their UNAVAILABLE before server.stop
 QUIET_SECONDS = 0.1  # no new call for this long: gRPC's backlog of accepted calls is empty
 FLUSH_SECONDS = 1.0  # server.stop's own grace: lets the last statuses and responses reach their clients
+FRONTS_MARGIN_SECONDS = 10.0  # beyond the other front ends' own drain: their start-up, their exit
 LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")
 SERVING, NOT_SERVING = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
 
@@ -51,8 +55,11 @@ def health_name(model: str) -> str:
 
 
 class App:
-    def __init__(self, settings: Settings, metrics: Metrics | None = None) -> None:
-        self.settings = settings
+    def __init__(self, settings: Settings, metrics: Metrics | None = None, role: Role | None = None) -> None:
+        """role: an attached front end's (server/front_ends.py); None for the server the user starts."""
+        self.settings, self.role = settings, role
+        self.fronts: FrontEnds | None = None  # --front-ends N: the others, started by this one
+        self._fronts_stopping: asyncio.Future | None = None
         self.metrics = metrics or Metrics()
         self.service = GenerationService(self.metrics, settings.max_inflight_bytes)
         self.health = Health(settings.max_health_watches, self.metrics)
@@ -66,8 +73,11 @@ class App:
         self._started = asyncio.Event()  # a SIGHUP before the first models are loaded waits for them
 
     async def start(self) -> None:
-        """Listens at once (health NOT_SERVING), then loads and warms up each model in a thread, then SERVING."""
-        await self._listen()
+        """Listens at once (health NOT_SERVING), then loads and warms up each model in a thread, then SERVING. An
+        attached front end listens only once its models are attached: the port it shares sends it connections as
+        soon as it listens."""
+        if self.role is None:
+            await self._listen()
         try:
             await self._serve_metrics()
             sources = scan(self.settings)
@@ -76,8 +86,13 @@ class App:
                                     f"(--model-repository / {env_name('model_repository')})")
             for source in sources.values():
                 await self._load_model(source, len(sources))
+            if self.role is not None:
+                await self._listen()
             await self._set_health(SERVING)
             self._started.set()
+            if self.role is None and self.settings.front_ends > 1:
+                self.fronts = FrontEnds(self.settings.front_ends, self.models)
+                self.fronts.start()
             info = next(iter(self.models.values())).engine.info  # every model runs on the same settings
             log.info("serving %s on %s:%d (%s, %s); %s", ", ".join(self.models), self.settings.bind, self.port,
                      info.provider, info.variant, "metrics disabled" if self.metrics_port is None else
@@ -101,6 +116,9 @@ class App:
             await asyncio.to_thread(loaded.engine.stop)
             raise
         self.models[source.name] = loaded
+        if self.role is None and self.settings.front_ends > 1:  # a restarted engine process: tell the others
+            loop = asyncio.get_running_loop()
+            loaded.engine.on_up = lambda address: loop.call_soon_threadsafe(self._engines_moved)
         self._report_gauges(source.name)
         defaults = request_defaults(loaded.manifest.generation, loaded.limits.default_max_new_tokens,
                                     loaded.limits.max_num_beams)  # the model's generation defaults
@@ -112,6 +130,10 @@ class App:
             log.info("model %s: its new version takes calls; the earlier one drains %d in flight", source.name,
                      len(replaced.calls))
             self._drain_later(replaced, earlier, gone=False)
+
+    def _engines_moved(self) -> None:
+        if self.fronts is not None:
+            self.fronts.write()
 
     def _report_gauges(self, name: str) -> None:
         """A model's running, waiting and KV-cache gauges add up its versions (a replaced one still draining
@@ -185,17 +207,21 @@ class App:
                         if not self._draining(source.name):  # the series its engine made before it failed
                             self.metrics.forget(source.name)
             log.info("reload done: serving %s", ", ".join(sorted(self.models)) or "no model")
+            if self.fronts is not None:
+                self.fronts.reloaded()
 
     async def _listen(self) -> None:
         s = self.settings
         tokens = s.tokens()
         interceptors = [TokenAuth(tokens, self.metrics, SERVICE_NAME, s.auth_exempt_health)] if tokens else []
         interceptors.append(Edge(self.metrics, SERVICE_NAME))  # innermost: a call auth refused is counted once
-        # so_reuseport off: a second server on a taken port must fail, not silently share it. gRPC core keeps calls
+        # so_reuseport off: a second server on a taken port must fail, not silently share it (on with --front-ends N:
+        # the front ends share it, server/front_ends.py). gRPC core keeps calls
         # the event loop has not taken yet; past its soft limit (default 1,000) it drops some at random and past
         # its hard limit (3,000) all, CANCELLED and unseen by the service: one limit for both, max_pending_calls.
         self.server = grpc.aio.server(interceptors=interceptors, options=[
-            ("grpc.so_reuseport", 0), ("grpc.max_receive_message_length", s.max_receive_message_bytes),
+            ("grpc.so_reuseport", int(s.front_ends > 1)),
+            ("grpc.max_receive_message_length", s.max_receive_message_bytes),
             ("grpc.server.max_pending_requests", s.max_pending_calls),
             ("grpc.server.max_pending_requests_hard_limit", s.max_pending_calls)])
         self.service.add_to(self.server)
@@ -236,7 +262,7 @@ class App:
 
     def _load(self, source: Source, threads: int, used: int) -> Loaded:
         """Runs in a worker thread (server/loading.py): the memory budget, sessions, tokenizer, engine, warm-up."""
-        return load_model(self.settings, source, threads, used)
+        return load_model(self.settings, source, threads, used, self.role)
 
     async def _set_health(self, status) -> None:
         for service in ("", SERVICE_NAME):  # "" is the whole server, as load balancers ask
@@ -246,6 +272,9 @@ class App:
         """Graceful stop; True when every in-flight call finished within the grace period."""
         grace = self.settings.grace_seconds
         log.info("draining: health NOT_SERVING, refusing new calls, waiting up to %.1fs for in-flight ones", grace)
+        if self.fronts is not None:  # the other front ends drain meanwhile; the engines stop after them (close)
+            self._fronts_stopping = asyncio.ensure_future(self.fronts.stop(
+                grace + ABORT_SECONDS + self.settings.drain_backlog_seconds + FLUSH_SECONDS + FRONTS_MARGIN_SECONDS))
         await self.health.enter_graceful_shutdown()
         self.service.begin_drain()
         inflight = self.service.inflight
@@ -282,6 +311,8 @@ class App:
             await stopping
         for task in list(self.draining_models):  # a replaced version still draining: its calls ended with the server
             task.cancel()
+        if self.fronts is not None:  # their calls need the engines: they drain first
+            await (self._fronts_stopping or self.fronts.stop(ABORT_SECONDS))
         for loaded in [*self.models.values(), *self._retiring]:
             await asyncio.to_thread(loaded.engine.stop)
         if self._http is not None:
@@ -296,8 +327,12 @@ async def _serve(settings: Settings) -> int:
     if signals.received():  # during start-up, before these handlers (signals.hold): nothing to drain yet
         log.info("stopped before serving: a signal arrived while starting")
         return 0
-    app = App(settings)
+    role = Role.from_environ()  # an attached front end (server/front_ends.py), or None
+    if role is not None:
+        settings = dataclasses.replace(settings, metrics_port=metrics_port(settings.metrics_port, role.index))
+    app = App(settings, role=role)
     reloads: set[asyncio.Task] = set()
+    watching = loop.create_task(watch_first(os.getppid(), stop.set)) if role is not None else None
 
     def reload() -> None:  # one re-read at a time (App.reload's lock); a SIGHUP during one queues the next
         task = loop.create_task(app.reload())
@@ -313,6 +348,8 @@ async def _serve(settings: Settings) -> int:
     signals.draining()
     for task in reloads:  # a re-read still loading: the drain stops the server instead
         task.cancel()
+    if watching is not None:
+        watching.cancel()
     await app.drain()
     log.info("stopped")
     return 0

@@ -12,8 +12,10 @@ from seqserve.engine.build import EngineConfig
 from seqserve.engine.device import RuntimeConfig
 from seqserve.engine.scheduler import SchedulerConfig
 from seqserve.server.engine_client import start_engine
+from seqserve.server.front_ends import Role
 from seqserve.server.model_defaults import default_max_new_tokens, info_entries
 from seqserve.server.outbox import Outbox
+from seqserve.server.remote_engine import RemoteEngine
 from seqserve.server.repository import Source, memory_bytes
 from seqserve.server.settings import Limits, Settings, SettingsError, env_name
 
@@ -37,9 +39,10 @@ class Loaded:
     outbox: Outbox | None = None
 
 
-def load_model(s: Settings, source: Source, threads: int, used: int) -> Loaded:
+def load_model(s: Settings, source: Source, threads: int, used: int, role: Role | None = None) -> Loaded:
     """Runs in a worker thread: the memory budget, then the engine built and warmed up (not started).
-    used: the bytes the models already loaded may take; threads: this model's intra-op threads."""
+    used: the bytes the models already loaded may take; threads: this model's intra-op threads; role: an attached
+    front end's (server/front_ends.py), which connects to the engine process the first front end started."""
     bundle = source.path
     manifest, tokenizer = open_bundle(bundle)
     if s.variant in manifest.variants:  # probed on CPU too: an out-of-range gather may pass silently on a GPU
@@ -56,7 +59,10 @@ def load_model(s: Settings, source: Source, threads: int, used: int) -> Loaded:
                             cuda_tf32=s.cuda_tf32, cuda_graphs=s.cuda_graphs)
     cfg = EngineConfig(bundle, variant=s.variant, runtime=runtime, kv_cache=s.kv_cache,
                        scheduler=SchedulerConfig.from_settings(s, 0), stream_interval=s.stream_interval)
-    engine = start_engine(cfg, tokenizer, in_process=not s.engine_process, cpus=s.engine_cpus)
+    if role is not None:
+        engine = RemoteEngine(cfg, attach=lambda: role.address(source.name, source.digest))
+    else:
+        engine = start_engine(cfg, tokenizer, in_process=not s.engine_process, cpus=s.engine_cpus)
     return Loaded(source, engine, manifest, tokenizer, limits, memory)
 
 

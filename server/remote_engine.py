@@ -15,14 +15,12 @@ import itertools
 import logging
 import os
 import shutil
-import socket
 import subprocess
-import sys
 import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import zmq
 
@@ -30,9 +28,11 @@ from seqserve.engine import wire
 from seqserve.engine.api import Deliver, EngineInfo, EngineRequest, Output, StepReport, StepStats
 from seqserve.engine.build import EngineConfig
 from seqserve.engine.request import FinishReason, Result
+from seqserve.server.engine_link import Attached, Spawned
 from seqserve.server.engine_process import (
     ABORT,
     ADD,
+    BYE,
     HELLO,
     REPORT,
     SOCKET_DIR_PREFIX,
@@ -46,6 +46,7 @@ log = logging.getLogger("seqserve.server.remote_engine")
 
 START_SECONDS = 600.0  # an engine process loads and warms up its model within this
 RESTART_DELAYS = (0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 30.0)  # after 0, 1, 2, ... starts in a row that did not last
+ATTACH_RETRY_SECONDS = 0.2  # an attached front end looks this often for the engine that replaced a dead one
 STABLE_SECONDS = 60.0  # an engine up this long before it died restarts at once again
 
 
@@ -60,47 +61,17 @@ def _cancelled(ids: Sequence[int]) -> StepReport:
     return StepReport(outputs, StepStats(finished=(FinishReason.CANCELLED.value,) * len(ids)))
 
 
-class _Process:
-    """One engine process and this front end's socket to it."""
-
-    def __init__(self, ctx: zmq.Context, cfg: EngineConfig, address: str, identity: bytes, cpus: str = "") -> None:
-        ours, theirs = socket.socketpair()
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "seqserve.server.engine_process", "--address", address,
-             "--lifeline", str(theirs.fileno()), "--cpus", cpus,
-             "--log-level", logging.getLevelName(log.getEffectiveLevel())],  # it logs as much as the server does
-            stdin=subprocess.PIPE, pass_fds=(theirs.fileno(),))
-        theirs.close()
-        try:
-            self.process.stdin.write(wire.dumps(cfg))
-            self.process.stdin.close()
-        except BrokenPipeError:  # it died at once: its lifeline says so
-            pass
-        self.lifeline = ours
-        self.sock = ctx.socket(zmq.DEALER)
-        self.sock.setsockopt(zmq.IDENTITY, identity)
-        for option, value in ((zmq.LINGER, 0), (zmq.SNDHWM, 0), (zmq.RCVHWM, 0), (zmq.RECONNECT_IVL, 10)):
-            self.sock.setsockopt(option, value)
-        self.sock.connect(address)  # before the engine binds: ZeroMQ connects once it does
-        self.sock.send_multipart([HELLO, wire.dumps(None)])
-        self.started = time.monotonic()
-        self.up = False
-
-    def close(self, kill: bool) -> int:
-        """Its exit status (killed first if `kill` and still running)."""
-        self.sock.close(linger=0)
-        self.lifeline.close()
-        if kill and self.process.poll() is None:
-            self.process.kill()
-        return self.process.wait()
-
-
 class RemoteEngine:
     """api.EngineClient for an engine process this front end starts and supervises."""
 
-    def __init__(self, cfg: EngineConfig, start_seconds: float = START_SECONDS, cpus: str = "") -> None:
-        self.cfg, self.cpus = cfg, cpus
-        self._dir = tempfile.mkdtemp(prefix=SOCKET_DIR_PREFIX)  # mode 0700: only this user reaches the socket
+    def __init__(self, cfg: EngineConfig, start_seconds: float = START_SECONDS, cpus: str = "",
+                 attach: Callable[[], str | None] | None = None) -> None:
+        """attach: instead of starting an engine process, connect to the one another front end started; it gives that
+        engine's address now (None while it has none), and is asked again when the engine went away."""
+        self.cfg, self.cpus, self._attach = cfg, cpus, attach
+        self.on_up: Callable[[str], None] | None = None  # an engine this one started (again) serves at this address
+        # mode 0700: only this user reaches the socket
+        self._dir = tempfile.mkdtemp(prefix=SOCKET_DIR_PREFIX) if attach is None else None
         self._ctx = zmq.Context()
         self._identity = f"front-{os.getpid()}-{uuid.uuid4().hex}".encode()
         self._starts = itertools.count(1)
@@ -117,7 +88,8 @@ class RemoteEngine:
         self._stop_deadline = 0.0
         self._stop_ok = False
         self._closed = False  # stopped: a later stop answers as the first did, a later abort has nothing to end
-        self._engine: _Process | None = None
+        self._engine: Spawned | Attached | None = None
+        self._gone: str | None = None  # attached: the address of the engine that went away
         try:
             self._engine = self._spawn()
             self.info: EngineInfo = self._hello(self._engine, start_seconds)
@@ -127,9 +99,15 @@ class RemoteEngine:
 
     @property
     def process(self) -> subprocess.Popen | None:
-        """The engine process serving now (None while it restarts)."""
+        """The engine process serving now, if this front end started it (None while it restarts)."""
         engine = self._engine
         return engine.process if engine is not None else None
+
+    @property
+    def address(self) -> str | None:
+        """The address of the engine it talks to now (None while it restarts)."""
+        engine = self._engine
+        return engine.address if engine is not None else None
 
     def wait_up(self, timeout: float) -> bool:
         """True once an engine process serves (at once, unless one is restarting)."""
@@ -175,14 +153,19 @@ class RemoteEngine:
 
     # -- the socket thread
 
-    def _spawn(self) -> _Process:
+    def _spawn(self) -> Spawned | Attached:
+        if self._attach is not None:
+            address = self._attach()
+            if address is None:
+                raise RuntimeError(f"no engine to attach to for {self.cfg.bundle}")
+            return Attached(self._ctx, address, self._identity)
         address = f"ipc://{self._dir}/engine-{next(self._starts)}.sock"  # a fresh one: nothing stale reaches it
-        return _Process(self._ctx, self.cfg, address, self._identity, self.cpus)
+        return Spawned(self._ctx, self.cfg, address, self._identity, self.cpus)
 
-    def _hello(self, engine: _Process, seconds: float) -> EngineInfo:
+    def _hello(self, engine: Spawned | Attached, seconds: float) -> EngineInfo:
         poller = zmq.Poller()
         poller.register(engine.sock, zmq.POLLIN)
-        poller.register(engine.lifeline.fileno(), zmq.POLLIN)
+        poller.register(engine.watch, zmq.POLLIN)
         deadline = time.monotonic() + seconds
         while (left := deadline - time.monotonic()) > 0:
             events = dict(poller.poll(left * 1000))
@@ -192,8 +175,8 @@ class RemoteEngine:
                     engine.up = True
                     return wire.loads(EngineInfo, payload)
             elif events:
-                raise RuntimeError(f"the engine process for {self.cfg.bundle} exited with status "
-                                   f"{engine.close(kill=False)} before it was ready (its log is above)")
+                raise RuntimeError(f"{engine.name} for {self.cfg.bundle} went away (exit status "
+                                   f"{engine.close(kill=False)}) before it was ready (its log is above)")
         engine.close(kill=True)
         raise RuntimeError(f"the engine process for {self.cfg.bundle} was not ready within {seconds:.0f} s")
 
@@ -204,7 +187,7 @@ class RemoteEngine:
             poller.register(self._commands.fd, zmq.POLLIN)
             if engine is not None:
                 poller.register(engine.sock, zmq.POLLIN)
-                poller.register(engine.lifeline.fileno(), zmq.POLLIN)
+                poller.register(engine.watch, zmq.POLLIN)
             wake = [t for t in (self._restart_at, self._stopping and self._stop_deadline) if t]
             timeout = max(0.0, min(wake) - time.monotonic()) * 1000 if wake else None
             events = dict(poller.poll(timeout))
@@ -216,7 +199,7 @@ class RemoteEngine:
                         return
             if engine is not None and engine.sock in events and self._receive(engine):
                 return
-            if engine is not None and engine.lifeline.fileno() in events and self._died(engine):
+            if engine is not None and engine.watch in events and self._died(engine):
                 return
             now = time.monotonic()
             if self._stopping and now >= self._stop_deadline:
@@ -228,8 +211,7 @@ class RemoteEngine:
                 return
             if self._restart_at is not None and now >= self._restart_at:
                 self._restart_at = None
-                log.info("starting the engine process again")
-                self._engine = self._spawn()
+                self._again()
 
     def _command(self, command: tuple) -> bool:
         """True once stopped."""
@@ -250,6 +232,10 @@ class RemoteEngine:
                 engine.sock.send_multipart([ABORT, wire.dumps([request_id, deadline])])
         elif kind == STOP:
             self._stopping = True
+            if self._attach is not None:  # not ours to stop: this front end leaves it
+                if up:
+                    engine.sock.send_multipart([BYE, wire.dumps(None)])
+                return self._left()
             if up:
                 self._stop_deadline = time.monotonic() + command[1] + STOP_MARGIN_SECONDS
                 engine.sock.send_multipart([STOP, wire.dumps(float(command[1]))])
@@ -262,7 +248,7 @@ class RemoteEngine:
             return True
         return False
 
-    def _receive(self, engine: _Process) -> bool:
+    def _receive(self, engine: Spawned | Attached) -> bool:
         """Every message waiting; True once the engine stopped."""
         while True:
             try:
@@ -279,7 +265,9 @@ class RemoteEngine:
             elif kind == HELLO:
                 engine.up = True
                 self._up.set()
-                log.info("engine process %d serves again", engine.process.pid)
+                log.info("%s serves again", engine.name)
+                if self.on_up is not None and self._attach is None:
+                    self.on_up(engine.address)
             elif kind == STOPPED:
                 self._stop_ok = wire.loads(bool, payload)
                 try:
@@ -291,12 +279,17 @@ class RemoteEngine:
                 log.info("engine process %d stopped (exit status %s)", engine.process.pid, code)
                 return True
 
-    def _died(self, engine: _Process) -> bool:
+    def _died(self, engine: Spawned | Attached) -> bool:
         """The engine process is gone: what it held ends CANCELLED and a restart is scheduled. True if stopping."""
         code = engine.close(kill=True)
         self._engine = None
         self._up.clear()
         n = self._end_all()
+        if self._attach is not None:
+            self._gone = engine.address
+            self._restart_at = time.monotonic() + ATTACH_RETRY_SECONDS
+            log.error("%s went away: its %d requests here end CANCELLED; attaching to its successor", engine.name, n)
+            return self._stopping
         if self._stopping:
             log.error("engine process %d exited with status %s while draining", engine.process.pid, code)
             self._stop_ok = True
@@ -309,6 +302,27 @@ class RemoteEngine:
         log.error("engine process %d exited with status %s: its %d requests end CANCELLED; restarting it in %.0f s",
                   engine.process.pid, code, n, delay)
         return False
+
+    def _again(self) -> None:
+        """Starts the engine process again, or attaches to the one that replaced the engine that went away."""
+        if self._attach is None:
+            log.info("starting the engine process again")
+            self._engine = self._spawn()
+            return
+        address = self._attach()
+        if address is None or address == self._gone:  # its front end has not started a new one yet
+            self._restart_at = time.monotonic() + ATTACH_RETRY_SECONDS
+            return
+        self._engine = Attached(self._ctx, address, self._identity)
+
+    def _left(self) -> bool:
+        """An attached front end stopped: what it still held ends CANCELLED here."""
+        self._end_all()
+        if self._engine is not None:
+            self._engine.close(kill=False)
+            self._engine = None
+        self._stop_ok = True
+        return True
 
     def _end_all(self) -> int:
         """Ends every held request."""
@@ -338,4 +352,5 @@ class RemoteEngine:
             self._engine = None
         self._commands.close()
         self._ctx.term()
-        shutil.rmtree(self._dir, ignore_errors=True)
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)

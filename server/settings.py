@@ -90,6 +90,9 @@ class Settings:
     engine_process: bool = _opt(False, "run each model's engine in a process of its own, reached over ZeroMQ: a "
                                        "crash there ends its calls UNAVAILABLE and restarts it, the gRPC process "
                                        "lives on", type=bool)
+    front_ends: int = _opt(1, "with --engine-process: gRPC front-end processes sharing --port (SO_REUSEPORT), each "
+                              "with its own /metrics on --metrics-port + its index; one engine process per model "
+                              "serves them all", type=int)
     engine_cpus: str = _opt("", "with --engine-process: the CPUs the engine processes run on, as taskset -c writes "
                                 "them (0 or 0,2-3); empty: the server's own")
     max_batch_size: int = _opt(_Sched.max_batch_size, "rows in one decoder step", type=int)
@@ -166,7 +169,7 @@ class Settings:
                              ("default_max_new_tokens", 1, None), ("max_stop_strings", 0, None),
                              ("max_batch_inputs", 1, None), ("max_num_beams", 1, None), ("max_top_logprobs", 0, None),
                              ("max_health_watches", 0, None), ("max_pending_calls", 1, None),
-                             ("memory_budget_bytes", 0, None),
+                             ("memory_budget_bytes", 0, None), ("front_ends", 1, 64),
                              ("grace_seconds", 0, None), ("drain_backlog_seconds", 0, None),
                              ("max_stop_string_bytes", 1, None), ("max_stop_bytes", 1, None),
                              ("max_receive_message_bytes", 1024, None), ("max_inflight_bytes", 1024, None)):
@@ -179,6 +182,9 @@ class Settings:
             if getattr(self, small) > getattr(self, large):
                 yield (f"{_names(small)} ({getattr(self, small)}) exceeds {_names(large)} ({getattr(self, large)}): "
                        f"{why}")
+        if self.front_ends > 1 and not self.engine_process:
+            yield f"{_names('front_ends')} {self.front_ends} needs {_names('engine_process')}: the front ends share " \
+                  "each model's engine process"
         if self.engine_cpus:
             try:
                 missing = cpu_list(self.engine_cpus) - set(range(os.cpu_count() or 1))

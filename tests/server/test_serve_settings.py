@@ -60,6 +60,9 @@ def test_flags_beat_environment_beat_defaults(tiny_bundle):
     (("--max-inflight-bytes", "2048"), {}, "--max-receive-message-bytes / SEQSERVE_MAX_RECEIVE_MESSAGE_BYTES "
                                            "(262144) exceeds --max-inflight-bytes"),
     (("--max-stop-bytes", "0"), {}, "--max-stop-bytes / SEQSERVE_MAX_STOP_BYTES must be in [1, inf], got 0"),
+    (("--front-ends", "2"), {}, "--front-ends / SEQSERVE_FRONT_ENDS 2 needs --engine-process"),
+    (("--front-ends", "0", "--engine-process"), {}, "--front-ends / SEQSERVE_FRONT_ENDS must be in [1, 64], got 0"),
+    (("--front-ends", "65", "--engine-process"), {}, "--front-ends / SEQSERVE_FRONT_ENDS must be in [1, 64]"),
     (("--engine-cpus", "0-"), {}, "--engine-cpus / SEQSERVE_ENGINE_CPUS: not a CPU list (like 0 or 0,2-3): '0-'"),
     ((), {"SEQSERVE_ENGINE_CPUS": "a"}, "--engine-cpus / SEQSERVE_ENGINE_CPUS: not a CPU list"),
     (("--engine-cpus", "3-1"), {}, "--engine-cpus / SEQSERVE_ENGINE_CPUS: not a CPU list"),

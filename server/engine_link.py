@@ -1,0 +1,90 @@
+"""A front end's link to one engine process: the one it started (Spawned, watched through a lifeline socket pair) or
+one another front end started (Attached, watched through its socket's disconnect events; server/front_ends.py).
+
+Either way the link has the DEALER socket to the engine (HELLO sent), something to poll that becomes readable when
+the engine is gone (`watch`), and close().
+"""
+from __future__ import annotations
+
+import logging
+import socket
+import subprocess
+import sys
+import time
+
+import zmq
+
+from seqserve.engine import wire
+from seqserve.engine.build import EngineConfig
+from seqserve.server.engine_process import HELLO
+
+log = logging.getLogger("seqserve.server.remote_engine")
+
+
+
+def _dealer(ctx: zmq.Context, address: str, identity: bytes) -> zmq.Socket:
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.IDENTITY, identity)
+    for option, value in ((zmq.LINGER, 0), (zmq.SNDHWM, 0), (zmq.RCVHWM, 0), (zmq.RECONNECT_IVL, 10)):
+        sock.setsockopt(option, value)
+    sock.connect(address)  # before the engine binds: ZeroMQ connects once it does
+    sock.send_multipart([HELLO, wire.dumps(None)])
+    return sock
+
+
+class Spawned:
+    """An engine process this front end started: its end of the lifeline reads end-of-file when the process dies."""
+
+    def __init__(self, ctx: zmq.Context, cfg: EngineConfig, address: str, identity: bytes, cpus: str = "") -> None:
+        ours, theirs = socket.socketpair()
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "seqserve.server.engine_process", "--address", address,
+             "--lifeline", str(theirs.fileno()), "--cpus", cpus,
+             "--log-level", logging.getLevelName(log.getEffectiveLevel())],  # it logs as much as the server does
+            stdin=subprocess.PIPE, pass_fds=(theirs.fileno(),))
+        theirs.close()
+        try:
+            self.process.stdin.write(wire.dumps(cfg))
+            self.process.stdin.close()
+        except BrokenPipeError:  # it died at once: its lifeline says so
+            pass
+        self.lifeline, self.address = ours, address
+        self.watch = ours.fileno()
+        self.sock = _dealer(ctx, address, identity)
+        self.started = time.monotonic()
+        self.up = False
+
+    @property
+    def name(self) -> str:
+        return f"engine process {self.process.pid}"
+
+    def close(self, kill: bool) -> int:
+        """Its exit status (killed first if `kill` and still running)."""
+        self.sock.close(linger=0)
+        self.lifeline.close()
+        if kill and self.process.poll() is None:
+            self.process.kill()
+        return self.process.wait()
+
+
+class Attached:
+    """An engine process another front end started and supervises: this one only connects to it. Its socket's
+    monitor reports the disconnect when that engine goes away."""
+
+    process = None
+
+    def __init__(self, ctx: zmq.Context, address: str, identity: bytes) -> None:
+        self.address = address
+        self.sock = _dealer(ctx, address, identity)
+        self.watch = self.sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        self.started = time.monotonic()
+        self.up = False
+
+    @property
+    def name(self) -> str:
+        return f"the engine at {self.address}"
+
+    def close(self, kill: bool) -> None:
+        self.sock.disable_monitor()
+        self.watch.close(linger=0)
+        self.sock.close(linger=0)
