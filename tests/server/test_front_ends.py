@@ -4,7 +4,10 @@ its own calls on its own /metrics); every answer is the same; a killed engine pr
 either front end and both attach to its successor; SIGTERM drains every process and each exits."""
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -13,11 +16,13 @@ import urllib.request
 
 import grpc
 import pytest
-from grpc_harness import request
 from ports import free_port
 from prometheus_client.parser import text_string_to_metric_families
 
 from seqserve.client.healthcheck import check
+from seqserve.contract.manifest import MANIFEST, sha256_of
+from seqserve.contract.verified import VERIFIED
+from seqserve.v1 import seqserve_pb2 as pb
 from seqserve.v1 import seqserve_pb2_grpc as pb_grpc
 
 WAIT = 60.0
@@ -57,29 +62,30 @@ def _calls_ok(metrics_port: int) -> float:
                and s.labels.get("code") == "OK")
 
 
-def _spread(address: str, text: str) -> list:
+def _spread(address: str, text: str, model: str = "") -> list:
     """One Generate on each of CONNECTIONS fresh connections."""
     answers = []
     for _ in range(CONNECTIONS):  # a local subchannel pool: a new connection each, never a shared one reused
         with grpc.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1)]) as channel:
-            answers.append(pb_grpc.GenerationStub(channel).Generate(request(text), timeout=WAIT))
+            call = pb.GenerateRequest(input=text, model=model)
+            answers.append(pb_grpc.GenerationStub(channel).Generate(call, timeout=WAIT))
     return answers
 
 
-@pytest.fixture
-def served(tiny_bundle, tmp_path):
+@contextlib.contextmanager
+def _serving(models: list[str], tmp_path, serving: str):
+    """`seqserve serve MODELS --engine-process --front-ends 2` until both front ends log `serving`."""
     port, metrics = free_port(), free_port()
     while metrics + 1 == port:
         metrics = free_port()
     log = open(tmp_path / "serve.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "seqserve.cli.main", "serve", "--bundle", str(tiny_bundle),
-                             "--port", str(port), "--metrics-port", str(metrics), "--engine-process",
-                             "--front-ends", "2", "--intra-op-threads", "1", "--log-level", "INFO"],
-                            stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen([sys.executable, "-m", "seqserve.cli.main", "serve", *models, "--port", str(port),
+                             "--metrics-port", str(metrics), "--engine-process", "--front-ends", "2",
+                             "--intra-op-threads", "1", "--log-level", "INFO"], stdout=log, stderr=subprocess.STDOUT)
     try:
         address = f"127.0.0.1:{port}"
         _until(lambda: check(address, timeout=1.0) == "SERVING", "serving")
-        _until(lambda: (tmp_path / "serve.log").read_text().count(" serving tiny-bundle on ") == 2,
+        _until(lambda: (tmp_path / "serve.log").read_text().count(f" serving {serving} on ") == 2,
                "both front ends serving (each logs it once it listens)")
         yield proc, address, metrics, tmp_path / "serve.log"
     finally:
@@ -89,6 +95,12 @@ def served(tiny_bundle, tmp_path):
             proc.kill()
         proc.wait()
         log.close()
+
+
+@pytest.fixture
+def served(tiny_bundle, tmp_path):
+    with _serving(["--bundle", str(tiny_bundle)], tmp_path, "tiny-bundle") as s:
+        yield s
 
 
 def test_two_front_ends_share_the_port_and_the_engine(served, heldout):
@@ -123,3 +135,22 @@ def test_two_front_ends_share_the_port_and_the_engine(served, heldout):
     assert proc.wait(WAIT) == 0
     _until(lambda: not _cmdline(front) and not any("engine_process" in _cmdline(p) for p in children), "all gone")
     assert "front end 1 started" in log.read_text()
+
+
+def test_a_reload_reaches_every_front_end(tiny_bundle, tmp_path, heldout):
+    """SIGHUP to the server: the first front end loads the added model (its own engine process), then passes the
+    reload on; the other attaches to that engine, and both answer for the new model."""
+    repository = tmp_path / "models"
+    for name in ("a", "b"):
+        shutil.copytree(tiny_bundle, repository / name)
+        (repository / name / VERIFIED).write_text(json.dumps({"manifest_sha256": sha256_of(tiny_bundle / MANIFEST)}))
+    shutil.move(repository / "b", tmp_path / "b")  # not there yet
+    with _serving(["--model-repository", str(repository)], tmp_path, "a") as (proc, address, metrics, log):
+        shutil.move(tmp_path / "b", repository / "b")
+        proc.send_signal(signal.SIGHUP)
+        _until(lambda: log.read_text().count("reload done: serving a, b") == 2, "both front ends reloaded")
+        answers = _spread(address, heldout[0][0], model="b")
+        assert len({(a.text, tuple(a.token_ids)) for a in answers}) == 1 and answers[0].token_ids
+        assert _calls_ok(metrics) > 0 and _calls_ok(metrics + 1) > 0  # both front ends answered for b
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(WAIT) == 0
