@@ -22,6 +22,7 @@ class Loop:
         self._wake = threading.Condition()
         self._stopping = False
         self._drained = threading.Event()  # set by the engine once stop's cancellations are done
+        self.idle = threading.Event()  # set while the thread waits for work (between steps, none in flight)
         self.thread: threading.Thread | None = None
 
     def start(self) -> None:
@@ -57,7 +58,9 @@ class Loop:
         while True:
             with self._wake:
                 while not self._stopping and not self._has_work():
+                    self.idle.set()
                     self._wake.wait()
+                self.idle.clear()
                 if self._stopping:
                     break
             self.run_one()

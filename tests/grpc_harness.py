@@ -137,9 +137,12 @@ class StepGate:
                 self._allowed -= 1
 
     def close(self) -> None:
-        """Once the engine is idle (earlier requests retired), holds it after its next step: the one that admits the
-        next request and gives it its first token."""
-        wait_for(lambda: not self.engine.scheduler.has_work(), what="an idle engine")
+        """Once the engine is idle (earlier requests retired, and its thread waiting for work, not finishing the step
+        that retired them), holds it after its next step: the one that admits the next request and gives it its first
+        token."""
+        loop = self.engine.loop  # (not started yet: nothing in flight either)
+        wait_for(lambda: not self.engine.scheduler.has_work() and (loop.thread is None or loop.idle.is_set()),
+                 what="an idle engine")
         with self._cond:
             self._closed, self._allowed = True, 0
 
