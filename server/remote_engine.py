@@ -8,6 +8,9 @@ Supervision: a socket pair joins this process and the engine's; its end-of-file 
 (kill -9, out of memory, a crash in onnxruntime). Every request it held then ends CANCELLED (the edge answers
 UNAVAILABLE), requests added while it is down end the same way at once, and the engine is started again with the same
 EngineConfig after a delay that doubles with each start that does not last (RESTART_DELAYS), so a crash loop waits.
+An attached RemoteEngine (--front-ends) starts nothing: its socket's disconnect event says the engine went away, its
+requests end the same way, and it attaches to the engine the first front end started in its place
+(server/engine_link.py).
 """
 from __future__ import annotations
 
@@ -62,7 +65,8 @@ def _cancelled(ids: Sequence[int]) -> StepReport:
 
 
 class RemoteEngine:
-    """api.EngineClient for an engine process this front end starts and supervises."""
+    """api.EngineClient for an engine process this front end starts and supervises, or (attach) one that another
+    front end started (server/front_ends.py)."""
 
     def __init__(self, cfg: EngineConfig, start_seconds: float = START_SECONDS, cpus: str = "",
                  attach: Callable[[], str | None] | None = None) -> None:
