@@ -27,7 +27,7 @@ def _train(args: argparse.Namespace) -> int:
 
 def _serve(args: argparse.Namespace) -> int:
     from seqserve.server import settings, signals  # main has called signals.hold already
-    from seqserve.server.app import run
+    from seqserve.server.serve import run
 
     try:
         return run(settings.load(args))

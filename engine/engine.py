@@ -166,9 +166,13 @@ class Engine:
         slots.append(chosen, appended)
         self._first_tokens(now)
         if texted:  # (python lists: one conversion per step instead of a numpy scalar per row)
-            tokens, kept, token = chosen.tolist(), appended.tolist(), self.outputs.token
-            each(texted, lambda rec: kept[rec.slot] and token(rec, tokens[rec.slot]) and codes.__setitem__(
-                rec.slot, finish.STOP))  # a stop string ends it STOP
+            tokens, kept = chosen.tolist(), appended.tolist()
+
+            def text(rec: Running) -> None:  # a row's new token in its text and stream; a stop string ends it STOP
+                if kept[rec.slot] and self.outputs.token(rec, tokens[rec.slot]):
+                    codes[rec.slot] = finish.STOP
+
+            each(texted, text)
         ended = [rec.at(s) for s in np.flatnonzero(codes).tolist()  # (a request that failed this step has left)
                  if (rec := self._running.get(self._placed.get(slots.owners[s]))) is not None]
         if ended:

@@ -118,14 +118,6 @@ class Output:
     result: Result | None = None  # set on the last output only
     refused: str | None = None  # the engine refused the request (its queue was full): nothing ran, no result follows
 
-    @property
-    def finish_reason(self) -> FinishReason | None:
-        return None if self.result is None else self.result.finish_reason
-
-    @property
-    def error(self) -> str | None:
-        return None if self.result is None else self.result.error
-
 
 class Sink(Protocol):
     """Where a request's Outputs go. put() is called from the engine thread during a step, flush() once at its end,

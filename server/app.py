@@ -13,20 +13,17 @@ Security (docs/security.md): TLS / mutual TLS, bearer tokens, the bind addresses
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
-import os
 import time
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
 
-from seqserve.server import signals
 from seqserve.server.auth import TokenAuth
 from seqserve.server.edge import Edge
 from seqserve.server.engine_metrics import EngineMetrics
-from seqserve.server.front_ends import FrontEnds, Role, metrics_port, watch_first
+from seqserve.server.front_ends import FrontEnds, Role
 from seqserve.server.handlers import add_refusing
 from seqserve.server.health import Health
 from seqserve.server.loading import Loaded, load_model, model_info
@@ -318,44 +315,3 @@ class App:
         if self._http is not None:
             await self._http.close()
             self._http = None
-
-
-async def _serve(settings: Settings) -> int:
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    signals.on_stop(loop, stop.set)  # not loop.add_signal_handler: its loop puts back the default action on closing
-    if signals.received():  # during start-up, before these handlers (signals.hold): nothing to drain yet
-        log.info("stopped before serving: a signal arrived while starting")
-        return 0
-    role = Role.from_environ()  # an attached front end (server/front_ends.py), or None
-    if role is not None:
-        settings = dataclasses.replace(settings, metrics_port=metrics_port(settings.metrics_port, role.index))
-    app = App(settings, role=role)
-    reloads: set[asyncio.Task] = set()
-    watching = loop.create_task(watch_first(os.getppid(), stop.set)) if role is not None else None
-
-    def reload() -> None:  # one re-read at a time (App.reload's lock); a SIGHUP during one queues the next
-        task = loop.create_task(app.reload())
-        reloads.add(task)
-        task.add_done_callback(reloads.discard)
-
-    loop.add_signal_handler(signals.RELOAD, reload)
-    if signals.reload_asked():
-        reload()
-    await app.start()
-    await stop.wait()
-    loop.remove_signal_handler(signals.RELOAD)  # which puts back SIGHUP's default action (ending the process): so
-    signals.draining()
-    for task in reloads:  # a re-read still loading: the drain stops the server instead
-        task.cancel()
-    if watching is not None:
-        watching.cancel()
-    await app.drain()
-    log.info("stopped")
-    return 0
-
-
-def run(settings: Settings) -> int:
-    """The `seqserve serve` entry point: serves until SIGTERM/SIGINT, then drains and returns 0."""
-    logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    return asyncio.run(_serve(settings))

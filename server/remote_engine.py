@@ -236,20 +236,13 @@ class RemoteEngine:
                 engine.sock.send_multipart([ABORT, wire.dumps([request_id, deadline])])
         elif kind == STOP:
             self._stopping = True
-            if self._attach is not None:  # not ours to stop: this front end leaves it
-                if up:
-                    engine.sock.send_multipart([BYE, wire.dumps(None)])
-                return self._left()
-            if up:
+            if up and self._attach is None:
                 self._stop_deadline = time.monotonic() + command[1] + STOP_MARGIN_SECONDS
                 engine.sock.send_multipart([STOP, wire.dumps(float(command[1]))])
                 return False
-            self._end_all()
-            if engine is not None:
-                engine.close(kill=True)
-                self._engine = None
-            self._stop_ok = True
-            return True
+            if up:  # attached: not ours to stop, this front end leaves it
+                engine.sock.send_multipart([BYE, wire.dumps(None)])
+            return self._left()
         return False
 
     def _receive(self, engine: Spawned | Attached) -> bool:
@@ -309,21 +302,17 @@ class RemoteEngine:
 
     def _again(self) -> None:
         """Starts the engine process again, or attaches to the one that replaced the engine that went away."""
-        if self._attach is None:
-            log.info("starting the engine process again")
-            self._engine = self._spawn()
-            return
-        address = self._attach()
-        if address is None or address == self._gone:  # its front end has not started a new one yet
+        if self._attach is not None and self._attach() in (None, self._gone):  # no new one started yet
             self._restart_at = time.monotonic() + ATTACH_RETRY_SECONDS
             return
-        self._engine = Attached(self._ctx, address, self._identity)
+        log.info("starting the engine process again" if self._attach is None else "attaching to the new engine")
+        self._engine = self._spawn()
 
     def _left(self) -> bool:
-        """An attached front end stopped: what it still held ends CANCELLED here."""
+        """Stopped without a drain (an attached front end leaves, or no engine was up): what it held ends here."""
         self._end_all()
         if self._engine is not None:
-            self._engine.close(kill=False)
+            self._engine.close(kill=True)
             self._engine = None
         self._stop_ok = True
         return True

@@ -19,7 +19,7 @@ from seqserve.contract.devices import DEVICES
 from seqserve.contract.manifest import VARIANTS
 from seqserve.contract.names import KV_CACHES
 from seqserve.engine.scheduler import SchedulerConfig as _Sched
-from seqserve.server.cpus import cpu_list
+from seqserve.server.cpus import cpu_problem
 
 ENV_PREFIX = "SEQSERVE_"
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
@@ -90,9 +90,8 @@ class Settings:
     engine_process: bool = _opt(False, "run each model's engine in a process of its own, reached over ZeroMQ: a "
                                        "crash there ends its calls UNAVAILABLE and restarts it, the gRPC process "
                                        "lives on", type=bool)
-    front_ends: int = _opt(1, "with --engine-process: gRPC front-end processes sharing --port (SO_REUSEPORT), each "
-                              "with its own /metrics on --metrics-port + its index; one engine process per model "
-                              "serves them all", type=int)
+    front_ends: int = _opt(1, "with --engine-process: gRPC front-end processes sharing --port and each model's engine "
+                              "process; /metrics of front end i on --metrics-port + i", type=int)
     engine_cpus: str = _opt("", "with --engine-process: the CPUs the engine processes run on, as taskset -c writes "
                                 "them (0 or 0,2-3); empty: the server's own")
     max_batch_size: int = _opt(_Sched.max_batch_size, "rows in one decoder step", type=int)
@@ -185,15 +184,8 @@ class Settings:
         if self.front_ends > 1 and not self.engine_process:
             yield f"{_names('front_ends')} {self.front_ends} needs {_names('engine_process')}: the front ends share " \
                   "each model's engine process"
-        if self.engine_cpus:
-            try:
-                missing = cpu_list(self.engine_cpus) - set(range(os.cpu_count() or 1))
-            except ValueError as exc:
-                yield f"{_names('engine_cpus')}: {exc}"
-            else:
-                if missing:  # the server's own pinning (taskset) does not bind its engine processes
-                    yield f"{_names('engine_cpus')}: {self.engine_cpus!r} names CPUs this machine does not have " \
-                          f"(it has 0-{(os.cpu_count() or 1) - 1})"
+        if self.engine_cpus and (problem := cpu_problem(self.engine_cpus)):
+            yield f"{_names('engine_cpus')}: {problem}"
         yield from self._security_problems()
         for name, choices in (("variant", VARIANTS), ("kv_cache", KV_CACHES), ("device", DEVICES),
                               ("log_level", LOG_LEVELS)):

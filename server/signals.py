@@ -2,7 +2,7 @@
 
 `seqserve serve` calls `hold` first thing in `cli.main.main`, before it imports anything slow (grpc, onnxruntime,
 numpy: about half a second, before the event loop exists); a signal before that would end the process with Python's
-default action (exit 143). The handler only remembers the signal; app._serve then stops at once (exit 0), or drains
+default action (exit 143). The handler only remembers the signal; serve._serve then stops at once (exit 0), or drains
 if the signal came while it was starting. `on_stop` lets the event loop hear SIGTERM/SIGINT through this same handler
 rather than through loop.add_signal_handler, whose loop puts back the default action when it closes, so that no
 instant from `hold` to the process's exit ends it with 143 (`done` ignores them once the server has stopped).

@@ -13,16 +13,21 @@ STREAMS, MAX_NEW, SEQUENTIAL = 4, 8, 5
 needs_two_cores = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="pins the server and client apart")
 
 
-@pytest.fixture(scope="module")
-def report(tiny_bundle, tmp_path_factory):
-    out = tmp_path_factory.mktemp("server-bench")
+def _bench(tiny_bundle, out, *more: str) -> dict:
+    """server_bench on the tiny bundle, short and small, the server and the client on the first two cores."""
     cores = sorted(os.sched_getaffinity(0))[:2]
     argv = ["--bundle", str(tiny_bundle), "--streams", str(STREAMS), "--max-batch-size", str(STREAMS),
             "--max-new-tokens", str(MAX_NEW), "--warmup", "0.5", "--duration", "1.5", "--sequential-requests",
             str(SEQUENTIAL), "-n", "8", "--server-core", str(cores[0]), "--client-core", str(cores[1]),
-            "--out", str(out / "report.json"), "--markdown", str(out / "report.md")]
+            "--out", str(out / "report.json"), *more]
     assert server_bench.main(argv) == 0
-    return json.loads((out / "report.json").read_text()), (out / "report.md").read_text()
+    return json.loads((out / "report.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def report(tiny_bundle, tmp_path_factory):
+    out = tmp_path_factory.mktemp("server-bench")
+    return _bench(tiny_bundle, out, "--markdown", str(out / "report.md")), (out / "report.md").read_text()
 
 
 @needs_two_cores
@@ -99,14 +104,7 @@ def test_every_call_asks_for_greedy_decoding_as_the_offline_row_whatever_the_mod
 
 @pytest.fixture(scope="module")
 def split_report(tiny_bundle, tmp_path_factory):
-    out = tmp_path_factory.mktemp("server-bench-split")
-    cores = sorted(os.sched_getaffinity(0))[:2]
-    argv = ["--bundle", str(tiny_bundle), "--streams", str(STREAMS), "--max-batch-size", str(STREAMS),
-            "--max-new-tokens", str(MAX_NEW), "--warmup", "0.5", "--duration", "1.5", "--sequential-requests",
-            str(SEQUENTIAL), "-n", "8", "--server-core", str(cores[0]), "--client-core", str(cores[1]),
-            "--engine-process", "--out", str(out / "report.json")]
-    assert server_bench.main(argv) == 0
-    return json.loads((out / "report.json").read_text())
+    return _bench(tiny_bundle, tmp_path_factory.mktemp("server-bench-split"), "--engine-process")
 
 
 @needs_two_cores

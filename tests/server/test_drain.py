@@ -5,7 +5,7 @@ The race: with the engine busy, gRPC accepts calls faster than the event loop ha
 server.stop ended that backlog CANCELLED. This test reproduces it (without the fix, App._hold_arrivals and
 InFlight.abort made no-ops, the first run ends 330 of 440 calls CANCELLED).
 
-The drain is App.drain(), exactly what SIGTERM/SIGINT run in `seqserve serve` (app._serve; test_lifecycle.py sends
+The drain is App.drain(), exactly what SIGTERM/SIGINT run in `seqserve serve` (serve._serve; test_lifecycle.py sends
 the real signal to a real process); an in-process App restarted 20 times keeps the repetitions fast.
 """
 from __future__ import annotations

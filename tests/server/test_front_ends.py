@@ -154,3 +154,20 @@ def test_a_reload_reaches_every_front_end(tiny_bundle, tmp_path, heldout):
         assert _calls_ok(metrics) > 0 and _calls_ok(metrics + 1) > 0  # both front ends answered for b
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(WAIT) == 0
+
+
+def test_a_dead_front_end_is_started_again_and_all_leave_with_the_first(served, heldout):
+    """kill -9 of the other front end: the first starts it again and it serves; kill -9 of the first: the other
+    drains and exits, and the engine process exits on its lifeline (no process is left)."""
+    proc, address, metrics, log = served
+    [front] = [p for p in _children(proc.pid) if "seqserve.cli.main serve" in _cmdline(p)]
+    os.kill(front, signal.SIGKILL)
+    _until(lambda: log.read_text().count(" serving tiny-bundle on ") == 3, "the other front end serving again")
+    [again] = [p for p in _children(proc.pid) if "seqserve.cli.main serve" in _cmdline(p)]
+    assert again != front and "front end 1 (pid" in log.read_text()
+    before = _calls_ok(metrics + 1)
+    _until(lambda: _spread(address, heldout[0][0]) and _calls_ok(metrics + 1) > before, "it answering calls")
+    children = _children(proc.pid)
+    proc.kill()
+    proc.wait()
+    _until(lambda: not any(_cmdline(p) for p in children), "the other front end and the engine process gone")

@@ -99,7 +99,7 @@ def test_cancelled_and_expired_rows_leave_running_and_waiting():
     assert plan.dropped == [waiting_cancel, waiting_late]
     assert [r.finish_reason for r in (running_cancel, running_late, waiting_cancel, waiting_late)] == [
         FinishReason.CANCELLED, FinishReason.DEADLINE, FinishReason.CANCELLED, FinishReason.DEADLINE]
-    assert sum(e.finish_reason is not None for e in events) == 4  # every request told exactly once
+    assert sum(e.result is not None for e in events) == 4  # every request told exactly once
     assert not s.has_work()
 
 
