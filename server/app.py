@@ -13,6 +13,7 @@ Security (docs/security.md): TLS / mutual TLS, bearer tokens, the bind addresses
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 
@@ -113,6 +114,7 @@ class App:
             await asyncio.to_thread(loaded.engine.stop)
             raise
         self.models[source.name] = loaded
+        self._follow_engine(source.name, loaded)
         if self.role is None and self.settings.front_ends > 1:  # a restarted engine process: tell the others
             loop = asyncio.get_running_loop()
             loaded.engine.on_up = lambda address: loop.call_soon_threadsafe(self._engines_moved)
@@ -127,6 +129,26 @@ class App:
             log.info("model %s: its new version takes calls; the earlier one drains %d in flight", source.name,
                      len(replaced.calls))
             self._drain_later(replaced, earlier, gone=False)
+
+    def _follow_engine(self, name: str, loaded: Loaded) -> None:
+        """An engine process's silence and restarts reach its model's health, model_ready and restart counter."""
+        if not hasattr(loaded.engine, "on_state"):  # an engine in this process: it has no process to lose
+            return
+        loop = asyncio.get_running_loop()
+
+        def heard(ready: bool, cause: str | None) -> None:  # on the engine's socket thread
+            with contextlib.suppress(RuntimeError):  # the loop has closed: the server has stopped
+                loop.call_soon_threadsafe(self._engine_state, name, loaded, ready, cause)
+        loaded.engine.on_state = heard
+
+    def _engine_state(self, name: str, loaded: Loaded, ready: bool, cause: str | None) -> None:
+        if self.models.get(name) is not loaded:  # a replaced or removed version: the name is not its own now
+            return
+        metrics = self.metrics.for_model(name)
+        if cause is not None:
+            metrics.engine_restarts.labels(cause).inc()
+        metrics.model_state.set(int(ready))
+        asyncio.ensure_future(self.health.set(health_name(name), SERVING if ready else NOT_SERVING))
 
     def _engines_moved(self) -> None:
         if self.fronts is not None:

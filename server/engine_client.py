@@ -6,10 +6,13 @@ from __future__ import annotations
 
 from seqserve.engine.api import EngineClient
 from seqserve.engine.build import EngineConfig, build
+from seqserve.server.engine_watch import Silence
 from seqserve.server.remote_engine import RemoteEngine
 
 
-def start_engine(cfg: EngineConfig, tokenizer=None, in_process: bool = True, cpus: str = "") -> EngineClient:
+def start_engine(cfg: EngineConfig, tokenizer=None, in_process: bool = True, cpus: str = "", name: str = "",
+                 silence: Silence = Silence()) -> EngineClient:
     """A loaded, warmed-up engine, not yet started (the caller calls start(deliver)). tokenizer: the bundle's, if
-    loaded (an engine process loads its own); cpus: where an engine process runs (taskset -c syntax)."""
-    return build(cfg, tokenizer) if in_process else RemoteEngine(cfg, cpus=cpus)
+    loaded (an engine process loads its own); cpus: where an engine process runs (taskset -c syntax); name: the
+    model's; silence: the bounds on an engine process that answers nothing."""
+    return build(cfg, tokenizer) if in_process else RemoteEngine(cfg, cpus=cpus, name=name, silence=silence)

@@ -15,11 +15,11 @@ import time
 import zmq
 
 from seqserve.engine import wire
+from seqserve.engine.api import EngineInfo
 from seqserve.engine.build import EngineConfig
 from seqserve.server.engine_process import HELLO
 
 log = logging.getLogger("seqserve.server.remote_engine")
-
 
 
 def _dealer(ctx: zmq.Context, address: str, identity: bytes) -> zmq.Socket:
@@ -41,7 +41,8 @@ class Spawned:
             [sys.executable, "-m", "seqserve.server.engine_process", "--address", address,
              "--lifeline", str(theirs.fileno()), "--cpus", cpus,
              "--log-level", logging.getLevelName(log.getEffectiveLevel())],  # it logs as much as the server does
-            stdin=subprocess.PIPE, pass_fds=(theirs.fileno(),))
+            stdin=subprocess.PIPE, pass_fds=(theirs.fileno(),),
+            process_group=0)  # Ctrl-C and kill -- -PGID signal the server's group: the server stops its engines
         theirs.close()
         try:
             self.process.stdin.write(wire.dumps(cfg))
@@ -58,10 +59,15 @@ class Spawned:
     def name(self) -> str:
         return f"engine process {self.process.pid}"
 
-    def close(self, kill: bool) -> int:
-        """Its exit status (killed first if `kill` and still running)."""
+    def close(self, kill: bool, wait: float = 0.0) -> int:
+        """Its exit status (killed first if `kill` and still running `wait` seconds on: its lifeline closes as it
+        exits, a moment before its status can be read)."""
         self.sock.close(linger=0)
         self.lifeline.close()
+        try:
+            self.process.wait(wait)
+        except subprocess.TimeoutExpired:
+            pass
         if kill and self.process.poll() is None:
             self.process.kill()
         return self.process.wait()
@@ -84,7 +90,27 @@ class Attached:
     def name(self) -> str:
         return f"the engine at {self.address}"
 
-    def close(self, kill: bool) -> None:
+    def close(self, kill: bool, wait: float = 0.0) -> None:
         self.sock.disable_monitor()
         self.watch.close(linger=0)
         self.sock.close(linger=0)
+
+
+def hello(engine: Spawned | Attached, seconds: float, bundle) -> EngineInfo:
+    """Waits for the engine's HELLO (it loads and warms up its model first): its EngineInfo."""
+    poller = zmq.Poller()
+    poller.register(engine.sock, zmq.POLLIN)
+    poller.register(engine.watch, zmq.POLLIN)
+    deadline = time.monotonic() + seconds
+    while (left := deadline - time.monotonic()) > 0:
+        events = dict(poller.poll(left * 1000))
+        if engine.sock in events:
+            kind, payload = engine.sock.recv_multipart()
+            if kind == HELLO:
+                engine.up = True
+                return wire.loads(EngineInfo, payload)
+        elif events:
+            raise RuntimeError(f"{engine.name} for {bundle} went away (exit status {engine.close(kill=False)}) "
+                               "before it was ready (its log is above)")
+    engine.close(kill=True)
+    raise RuntimeError(f"the engine process for {bundle} was not ready within {seconds:.0f} s")

@@ -10,12 +10,16 @@ several front ends can share the engine. Messages are multipart [kind, msgpack p
     ABORT  [id, deadline]                               an Output per request, `refused` set: all or none)
     STOP   timeout (the owner)                  STOPPED bool (after the last REPORT; then the process exits 0)
     BYE    - (a front end that leaves)
+    PING   - (nothing heard for a while)        BEAT    - (read between two steps: server/engine_watch.py)
 
 Ids: each front end numbers its requests as it likes; the engine gives each its own id and maps the outputs back,
 so two front ends may both use id 1. Figures: each step's StepStats go to one front end only (the first still
 connected): they describe the engine, not a caller, and Prometheus sums the front ends' counters, so a step sent to
 every front end would be counted once per front end. The lifeline is a socket whose other end the starting front end
 holds: it reads end-of-file when that process dies, and the engine then drains and exits rather than live on alone.
+Its parent alone stops it: it runs in a process group of its own (Ctrl-C's SIGINT never reaches it) and ignores
+SIGINT and SIGTERM (systemd's KillMode=control-group signals every process of the service), so a signal meant for the
+server drains the server, which then stops its engines.
 """
 from __future__ import annotations
 
@@ -25,6 +29,7 @@ import itertools
 import logging
 import os
 import shutil
+import signal
 import socket
 import sys
 from collections import defaultdict
@@ -41,6 +46,7 @@ from seqserve.server.cpus import cpu_list
 log = logging.getLogger("seqserve.server.engine_process")
 
 HELLO, ADD, ABORT, REPORT, STOP, STOPPED, BYE = b"H", b"A", b"X", b"R", b"S", b"D", b"B"
+PING, BEAT = b"P", b"K"  # a front end asks whether the engine is alive; the engine answers between two steps
 LINGER_MS = 5_000  # how long the exiting engine keeps trying to hand its last reports to a front end
 STOP_MARGIN_SECONDS = 5.0  # beyond stop's own timeout, for the last reports and the process exit
 SOCKET_DIR_PREFIX = "seqserve-engine-"  # the private directory a front end makes for its engines' ipc sockets
@@ -114,6 +120,8 @@ class EngineServer:
                 return front, wire.loads(float, payload)
             elif kind == BYE:
                 self._leave(front)
+            elif kind == PING:
+                self._send(front, BEAT, None)
 
     def _add(self, front: bytes, requests: list[EngineRequest]) -> str | None:
         """Adds every request or none; QueueFull's message when none."""
@@ -163,6 +171,8 @@ class EngineServer:
 
 
 def main(argv: list[str] | None = None) -> int:
+    for sig in (signal.SIGINT, signal.SIGTERM):  # the parent stops this process (STOP, the lifeline), not a signal
+        signal.signal(sig, signal.SIG_IGN)
     parser = argparse.ArgumentParser(prog="python -m seqserve.server.engine_process",
                                      description="an engine process (started by a front end: server/remote_engine.py)")
     parser.add_argument("--address", required=True, help="the ZeroMQ address to bind (ipc://...)")

@@ -12,6 +12,7 @@ from seqserve.engine.build import EngineConfig
 from seqserve.engine.device import RuntimeConfig
 from seqserve.engine.scheduler import SchedulerConfig
 from seqserve.server.engine_client import start_engine
+from seqserve.server.engine_watch import Silence
 from seqserve.server.front_ends import Role
 from seqserve.server.model_defaults import default_max_new_tokens, info_entries
 from seqserve.server.outbox import Outbox
@@ -59,10 +60,13 @@ def load_model(s: Settings, source: Source, threads: int, used: int, role: Role 
                             cuda_tf32=s.cuda_tf32, cuda_graphs=s.cuda_graphs)
     cfg = EngineConfig(bundle, variant=s.variant, runtime=runtime, kv_cache=s.kv_cache,
                        scheduler=SchedulerConfig.from_settings(s, 0), stream_interval=s.stream_interval)
+    silence = Silence(s.engine_not_ready_seconds, s.engine_restart_seconds)
     if role is not None:
-        engine = RemoteEngine(cfg, attach=lambda: role.address(source.name, source.digest))
+        engine = RemoteEngine(cfg, attach=lambda: role.address(source.name, source.digest), name=source.name,
+                              silence=silence)
     else:
-        engine = start_engine(cfg, tokenizer, in_process=not s.engine_process, cpus=s.engine_cpus)
+        engine = start_engine(cfg, tokenizer, in_process=not s.engine_process, cpus=s.engine_cpus, name=source.name,
+                              silence=silence)
     return Loaded(source, engine, manifest, tokenizer, limits, memory)
 
 

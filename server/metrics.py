@@ -50,8 +50,11 @@ class Metrics:
                                     registry=r)
         self.model_memory = Gauge("seqserve_model_memory_bytes", "Host memory a served model may take: graph files, "
                                   "KV cache and encode-ahead budgets (GetModelInfo.memory_bytes)", [MODEL], registry=r)
-        self.model_state = Gauge("seqserve_model_ready", "1 while a model takes calls, 0 while a removed one drains",
-                                 [MODEL], registry=r)
+        self.model_state = Gauge("seqserve_model_ready", "1 while a model takes calls; 0 while a removed one drains, "
+                                 "or while its engine process is silent or restarting", [MODEL], registry=r)
+        self.engine_restarts = Counter("seqserve_engine_restarts", "Engine processes started again, by cause: exited "
+                                       "(on its own), killed (by a signal), hung (silent past the bound, killed)",
+                                       [MODEL, "cause"], registry=r)
 
     def for_model(self, name: str) -> ModelMetrics:
         """The metrics as one model's engine and calls use them: its label filled in."""

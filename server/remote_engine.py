@@ -2,15 +2,16 @@
 
 RemoteEngine starts `python -m seqserve.server.engine_process` (its protocol is described there), takes `.info` from
 its hello, and hands each StepReport to deliver, in order, from its own socket thread. add() sends and returns: a
-full queue refuses the requests with Outputs that say so (engine/api.py Output.refused).
+full queue refuses the requests with Outputs that say so (engine/api.py Output.refused); the front end itself holds
+no more than the engine can (server/engine_held.py), so the queue limit holds whatever the engine does.
 
-Supervision: a socket pair joins this process and the engine's; its end-of-file tells at once that the engine died
-(kill -9, out of memory, a crash in onnxruntime). Every request it held then ends CANCELLED (the edge answers
-UNAVAILABLE), requests added while it is down end the same way at once, and the engine is started again with the same
-EngineConfig after a delay that doubles with each start that does not last (RESTART_DELAYS), so a crash loop waits.
-An attached RemoteEngine (--front-ends) starts nothing: its socket's disconnect event says the engine went away, its
-requests end the same way, and it attaches to the engine the first front end started in its place
-(server/engine_link.py).
+Supervision: a socket pair joins this process and the engine's; its end-of-file tells at once that the engine died.
+An engine that answers nothing is not ready past --engine-not-ready-seconds and killed past --engine-restart-seconds
+(server/engine_watch.py). Either way every request it held ends UNAVAILABLE saying why, requests added while it is
+down end the same way at once, on_state tells the edge (health, model_ready, restarts by cause), and the engine is
+started again with the same EngineConfig after a delay that doubles with each start that does not last. An attached
+RemoteEngine (--front-ends) starts nothing: its socket's disconnect event says the engine went away, and it attaches
+to the engine the first front end started in its place (server/engine_link.py).
 """
 from __future__ import annotations
 
@@ -28,40 +29,24 @@ from collections.abc import Callable, Sequence
 import zmq
 
 from seqserve.engine import wire
-from seqserve.engine.api import Deliver, EngineInfo, EngineRequest, Output, StepReport, StepStats
+from seqserve.engine.api import Deliver, EngineInfo, EngineRequest, StepReport
 from seqserve.engine.build import EngineConfig
-from seqserve.engine.request import FinishReason, Result
-from seqserve.server.engine_link import Attached, Spawned
-from seqserve.server.engine_process import (
-    ABORT,
-    ADD,
-    BYE,
-    HELLO,
-    REPORT,
-    SOCKET_DIR_PREFIX,
-    STOP,
-    STOP_MARGIN_SECONDS,
-    STOPPED,
-)
+from seqserve.server import engine_watch as watch
+from seqserve.server.engine_held import Held, cancelled
+from seqserve.server.engine_link import Attached, Spawned, hello
+from seqserve.server.engine_process import (ABORT, ADD, BYE, HELLO, PING, REPORT, SOCKET_DIR_PREFIX, STOP,
+                                              STOP_MARGIN_SECONDS, STOPPED)
+from seqserve.server.engine_watch import RESTART_DELAYS as RESTART_DELAYS
+from seqserve.server.engine_watch import STABLE_SECONDS, Silence, Watch
+from seqserve.server.engine_watch import restart_delay as restart_delay
 from seqserve.server.mailbox import Mailbox
 
 log = logging.getLogger("seqserve.server.remote_engine")
 
 START_SECONDS = 600.0  # an engine process loads and warms up its model within this
-RESTART_DELAYS = (0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 30.0)  # after 0, 1, 2, ... starts in a row that did not last
 ATTACH_RETRY_SECONDS = 0.2  # an attached front end looks this often for the engine that replaced a dead one
-STABLE_SECONDS = 60.0  # an engine up this long before it died restarts at once again
-
-
-def restart_delay(failures: int) -> float:
-    """Seconds before the next start after `failures` starts in a row that did not last."""
-    return RESTART_DELAYS[min(failures, len(RESTART_DELAYS) - 1)]
-
-
-def _cancelled(ids: Sequence[int]) -> StepReport:
-    """The report that ends requests an engine can no longer finish."""
-    outputs = tuple(Output(i, result=Result(FinishReason.CANCELLED)) for i in ids)
-    return StepReport(outputs, StepStats(finished=(FinishReason.CANCELLED.value,) * len(ids)))
+EXIT_SECONDS = 1.0  # how long a dead engine's exit status is waited for (its lifeline closes as it exits)
+OnState = Callable[[bool, "str | None"], None]  # (ready, why a restart began: its cause, for the metric)
 
 
 class RemoteEngine:
@@ -69,24 +54,28 @@ class RemoteEngine:
     front end started (server/front_ends.py)."""
 
     def __init__(self, cfg: EngineConfig, start_seconds: float = START_SECONDS, cpus: str = "",
-                 attach: Callable[[], str | None] | None = None) -> None:
+                 attach: Callable[[], str | None] | None = None, name: str = "",
+                 silence: Silence = Silence()) -> None:
         """attach: instead of starting an engine process, connect to the one another front end started; it gives that
-        engine's address now (None while it has none), and is asked again when the engine went away."""
-        self.cfg, self.cpus, self._attach = cfg, cpus, attach
+        engine's address now (None while it has none), and is asked again when the engine went away. name: the
+        model's, for what its calls hear; silence: the bounds on an engine that answers nothing."""
+        self.cfg, self.cpus, self._attach, self.name, self.start_seconds = cfg, cpus, attach, name, start_seconds
         self.on_up: Callable[[str], None] | None = None  # an engine this one started (again) serves at this address
+        self.on_state: OnState | None = None  # from the socket thread: ready or not, and a restart's cause
+        self.ready = True  # the engine answers (False while it is silent past the bound, or down)
+        self._watch = Watch(silence)
+        self._cause: str | None = None  # why the engine is down (for the calls that arrive meanwhile)
+        self.held = Held(cfg.scheduler.max_batch_size + cfg.scheduler.max_waiting, self._hand)
         # mode 0700: only this user reaches the socket
         self._dir = tempfile.mkdtemp(prefix=SOCKET_DIR_PREFIX) if attach is None else None
         self._ctx = zmq.Context()
         self._identity = f"front-{os.getpid()}-{uuid.uuid4().hex}".encode()
         self._starts = itertools.count(1)
         self._commands = Mailbox()  # the caller's add, abort and stop, to the socket thread
-        self._lock = threading.Lock()
-        self._held: set[int] = set()  # ids added and not yet ended
         self._deliver: Deliver | None = None
         self.sent = 0  # commands handed to the engine's socket so far (the socket thread's count)
         self._thread: threading.Thread | None = None
         self._up = threading.Event()
-        self._failures = 0
         self._restart_at: float | None = None
         self._stopping = False
         self._stop_deadline = 0.0
@@ -96,7 +85,7 @@ class RemoteEngine:
         self._gone: str | None = None  # attached: the address of the engine that went away
         try:
             self._engine = self._spawn()
-            self.info: EngineInfo = self._hello(self._engine, start_seconds)
+            self.info: EngineInfo = hello(self._engine, start_seconds, cfg.bundle)
         except BaseException:
             self._close()
             raise
@@ -131,10 +120,10 @@ class RemoteEngine:
         if not requests:
             return
         if self._closed:  # stopped: nothing will run them
-            self._hand(_cancelled([r.id for r in requests]))
+            self._hand(cancelled([r.id for r in requests]))
             return
-        with self._lock:  # held, then queued to send: an abort seen after it is sent after it
-            self._held.update(r.id for r in requests)
+        with self.held.lock:  # held, then queued to send: an abort seen after it is sent after it
+            self.held.take([r.id for r in requests])  # QueueFull past what the engine itself can hold
             self._commands.put((ADD, tuple(r.id for r in requests), wire.dumps(requests)))
 
     def abort(self, request_id: int, deadline: bool = False) -> None:
@@ -166,24 +155,6 @@ class RemoteEngine:
         address = f"ipc://{self._dir}/engine-{next(self._starts)}.sock"  # a fresh one: nothing stale reaches it
         return Spawned(self._ctx, self.cfg, address, self._identity, self.cpus)
 
-    def _hello(self, engine: Spawned | Attached, seconds: float) -> EngineInfo:
-        poller = zmq.Poller()
-        poller.register(engine.sock, zmq.POLLIN)
-        poller.register(engine.watch, zmq.POLLIN)
-        deadline = time.monotonic() + seconds
-        while (left := deadline - time.monotonic()) > 0:
-            events = dict(poller.poll(left * 1000))
-            if engine.sock in events:
-                kind, payload = engine.sock.recv_multipart()
-                if kind == HELLO:
-                    engine.up = True
-                    return wire.loads(EngineInfo, payload)
-            elif events:
-                raise RuntimeError(f"{engine.name} for {self.cfg.bundle} went away (exit status "
-                                   f"{engine.close(kill=False)}) before it was ready (its log is above)")
-        engine.close(kill=True)
-        raise RuntimeError(f"the engine process for {self.cfg.bundle} was not ready within {seconds:.0f} s")
-
     def _loop(self) -> None:
         while True:
             engine = self._engine
@@ -192,7 +163,7 @@ class RemoteEngine:
             if engine is not None:
                 poller.register(engine.sock, zmq.POLLIN)
                 poller.register(engine.watch, zmq.POLLIN)
-            wake = [t for t in (self._restart_at, self._stopping and self._stop_deadline) if t]
+            wake = [t for t in (self._restart_at, self._stopping and self._stop_deadline, self._due(engine)) if t]
             timeout = max(0.0, min(wake) - time.monotonic()) * 1000 if wake else None
             events = dict(poller.poll(timeout))
             if self._commands.fd in events:
@@ -208,7 +179,7 @@ class RemoteEngine:
             now = time.monotonic()
             if self._stopping and now >= self._stop_deadline:
                 log.error("the engine process did not drain in time: killing it")
-                self._end_all()
+                self.held.end_all()
                 if self._engine is not None:
                     self._engine.close(kill=True)
                     self._engine = None
@@ -216,6 +187,37 @@ class RemoteEngine:
             if self._restart_at is not None and now >= self._restart_at:
                 self._restart_at = None
                 self._again()
+            elif self._engine is not None and self._check(self._engine, now):
+                return
+
+    def _due(self, engine: Spawned | Attached | None) -> float | None:
+        """When _check has something to do: a ping, a bound on silence, or the start's bound."""
+        if engine is None:
+            return None
+        return self._watch.wake(time.monotonic()) if engine.up else engine.started + self.start_seconds
+
+    def _check(self, engine: Spawned | Attached, now: float) -> bool:
+        """Pings a quiet engine and applies the bounds on its silence (engine_watch.py); True once stopped."""
+        if not engine.up:  # started again and not ready yet: loading has its own bound
+            if now - engine.started < self.start_seconds or self._attach is not None:
+                return False
+            log.error("%s was not ready within %.0f s: killing it", engine.name, self.start_seconds)
+            return self._died(engine, watch.HUNG)
+        if self._watch.ping_due(now):
+            engine.sock.send_multipart([PING, wire.dumps(None)])
+        silent, bounds = self._watch.silent(now), self._watch.silence
+        if silent >= bounds.abandon:
+            self.held.abandon()
+            if self._stopping:  # every call has ended: nothing it could still send matters
+                log.error("%s answers nothing while it stops: killing it", engine.name)
+                self._stop_deadline = now
+        if silent >= bounds.not_ready and self.ready:
+            log.error("%s has answered nothing for %.1f s: model %s not ready", engine.name, silent, self.name)
+            self._state(False)
+        if silent >= bounds.restart and self._attach is None and not self._stopping:
+            log.error("%s has answered nothing for %.1f s: killing it", engine.name, silent)
+            return self._died(engine, watch.HUNG)
+        return False
 
     def _command(self, command: tuple) -> bool:
         """True once stopped."""
@@ -223,17 +225,17 @@ class RemoteEngine:
         up = engine is not None and engine.up and not self._stopping
         if kind == ADD:
             _, ids, payload = command
-            if up:
+            if up and self.ready:
                 engine.sock.send_multipart([ADD, payload])
-            else:  # the engine is restarting or stopping: these end at once, as the held ones did
-                with self._lock:
-                    ids = [i for i in ids if i in self._held]
-                if ids:
-                    self._end(ids)
+            else:  # the engine is restarting, silent or stopping: these end at once, as the held ones did
+                if ids := self.held.only_held(ids):
+                    up = engine is not None and engine.up
+                    self.held.end(ids, None if self._stopping else self._watch.refusal(self.name, up, self._cause))
         elif kind == ABORT:
             _, request_id, deadline = command
-            if up and request_id in self._held:
+            if up and self.held.holds(request_id):
                 engine.sock.send_multipart([ABORT, wire.dumps([request_id, deadline])])
+                self.held.aborted[request_id] = deadline
         elif kind == STOP:
             self._stopping = True
             if up and self._attach is None:
@@ -252,19 +254,18 @@ class RemoteEngine:
                 kind, payload = engine.sock.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 return False
-            if kind == REPORT:
-                report = wire.loads(StepReport, payload)
-                with self._lock:
-                    for out in report.outputs:
-                        if out.result is not None or out.refused is not None:
-                            self._held.discard(out.request_id)
-                self._hand(report)
-            elif kind == HELLO:
+            self._watch.hear(time.monotonic())
+            if kind == HELLO:
                 engine.up = True
                 self._up.set()
                 log.info("%s serves again", engine.name)
                 if self.on_up is not None and self._attach is None:
                     self.on_up(engine.address)
+            if engine.up and not self.ready and kind != STOPPED:
+                log.info("%s answers: model %s ready", engine.name, self.name)
+                self._state(True)
+            if kind == REPORT:
+                self._hand(self.held.ended(wire.loads(StepReport, payload)))
             elif kind == STOPPED:
                 self._stop_ok = wire.loads(bool, payload)
                 try:
@@ -276,28 +277,32 @@ class RemoteEngine:
                 log.info("engine process %d stopped (exit status %s)", engine.process.pid, code)
                 return True
 
-    def _died(self, engine: Spawned | Attached) -> bool:
-        """The engine process is gone: what it held ends CANCELLED and a restart is scheduled. True if stopping."""
-        code = engine.close(kill=True)
+    def _died(self, engine: Spawned | Attached, cause: str | None = None) -> bool:
+        """The engine process is gone (cause HUNG: killed here for its silence): what it held ends UNAVAILABLE saying
+        why, its model is not ready, and a restart is scheduled. True if stopping."""
+        code = engine.close(kill=True, wait=0.0 if cause else EXIT_SECONDS)  # its status says how it ended
         self._engine = None
         self._up.clear()
-        n = self._end_all()
+        if self._attach is None and cause is None:
+            cause = watch.EXITED if code >= 0 else watch.KILLED
+        self._cause = cause
+        n = self.held.end_all(None if self._stopping else watch.ended_message(self.name, cause))
         if self._attach is not None:
             self._gone = engine.address
             self._restart_at = time.monotonic() + ATTACH_RETRY_SECONDS
-            log.error("%s went away: its %d requests here end CANCELLED; attaching to its successor", engine.name, n)
+            log.error("%s went away: its %d requests here end UNAVAILABLE; attaching to its successor", engine.name,
+                      n)
+            self._state(False)
             return self._stopping
         if self._stopping:
             log.error("engine process %d exited with status %s while draining", engine.process.pid, code)
             self._stop_ok = True
             return True
-        if engine.up and time.monotonic() - engine.started >= STABLE_SECONDS:
-            self._failures = 0
-        delay = restart_delay(self._failures)
-        self._failures += 1
+        delay = self._watch.restart_delay(engine.up and time.monotonic() - engine.started >= STABLE_SECONDS)
         self._restart_at = time.monotonic() + delay
-        log.error("engine process %d exited with status %s: its %d requests end CANCELLED; restarting it in %.0f s",
-                  engine.process.pid, code, n, delay)
+        log.error("engine process %d %s (exit status %s): its %d requests end UNAVAILABLE; restarting it in %.0f s",
+                  engine.process.pid, watch.WHAT[cause], code, n, delay)
+        self._state(False, cause)
         return False
 
     def _again(self) -> None:
@@ -310,26 +315,18 @@ class RemoteEngine:
 
     def _left(self) -> bool:
         """Stopped without a drain (an attached front end leaves, or no engine was up): what it held ends here."""
-        self._end_all()
+        self.held.end_all()
         if self._engine is not None:
             self._engine.close(kill=True)
             self._engine = None
         self._stop_ok = True
         return True
 
-    def _end_all(self) -> int:
-        """Ends every held request."""
-        with self._lock:
-            ids = sorted(self._held)
-            self._held.clear()
-        if ids:
-            self._hand(_cancelled(ids))
-        return len(ids)
-
-    def _end(self, ids: Sequence[int]) -> None:
-        with self._lock:
-            self._held.difference_update(ids)
-        self._hand(_cancelled(ids))
+    def _state(self, ready: bool, cause: str | None = None) -> None:
+        """Tells the edge (on_state): ready or not, and the cause when a restart of its own engine begins."""
+        self.ready = ready
+        if self.on_state is not None:  # it only hands the news to the event loop
+            self.on_state(ready, cause)
 
     def _hand(self, report: StepReport) -> None:
         try:

@@ -315,9 +315,9 @@ def _raise_for_refusal(output: Output) -> None:
 
 def _raise_for_end(result: Result) -> None:
     """Turns a result that is not a normal finish into the call's status."""
+    if result.finish_reason is FinishReason.CANCELLED:  # a live call's row ends so only when its engine cannot go on
+        raise Rejected(Code.UNAVAILABLE, result.error or "the server stopped before this generation finished")
     if result.error is not None or result.finish_reason is FinishReason.ERROR:
         raise Rejected(Code.INTERNAL, result.error or ERROR_MESSAGE)
     if result.finish_reason is FinishReason.DEADLINE:
         raise Rejected(Code.DEADLINE_EXCEEDED, "the deadline passed before the generation finished")
-    if result.finish_reason is FinishReason.CANCELLED:  # only the engine stopping cancels a row whose call is alive
-        raise Rejected(Code.UNAVAILABLE, "the server stopped before this generation finished")

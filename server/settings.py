@@ -20,6 +20,8 @@ from seqserve.contract.manifest import VARIANTS
 from seqserve.contract.names import KV_CACHES
 from seqserve.engine.scheduler import SchedulerConfig as _Sched
 from seqserve.server.cpus import cpu_problem
+from seqserve.server.engine_watch import NOT_READY_SECONDS, RESTART_SECONDS
+from seqserve.server.limits import Limits
 
 ENV_PREFIX = "SEQSERVE_"
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
@@ -94,6 +96,13 @@ class Settings:
                               "process; /metrics of front end i on --metrics-port + i", type=int)
     engine_cpus: str = _opt("", "with --engine-process: the CPUs the engine processes run on, as taskset -c writes "
                                 "them (0 or 0,2-3); empty: the server's own")
+    engine_not_ready_seconds: float = _opt(NOT_READY_SECONDS, "with --engine-process: an engine process that answers "
+                                                              "nothing (no step report, no heartbeat) this long "
+                                                              "makes its model not ready (health NOT_SERVING, new "
+                                                              "calls UNAVAILABLE)", type=float)
+    engine_restart_seconds: float = _opt(RESTART_SECONDS, "with --engine-process: an engine process silent this long "
+                                                          "is killed and started again; its calls end UNAVAILABLE",
+                                         type=float)
     max_batch_size: int = _opt(_Sched.max_batch_size, "rows in one decoder step", type=int)
     max_waiting: int = _opt(_Sched.max_waiting, "queued requests beyond which calls get RESOURCE_EXHAUSTED",
                             type=int)
@@ -170,6 +179,7 @@ class Settings:
                              ("max_health_watches", 0, None), ("max_pending_calls", 1, None),
                              ("memory_budget_bytes", 0, None), ("front_ends", 1, 64),
                              ("grace_seconds", 0, None), ("drain_backlog_seconds", 0, None),
+                             ("engine_not_ready_seconds", 1, 86400), ("engine_restart_seconds", 2, 86400),
                              ("max_stop_string_bytes", 1, None), ("max_stop_bytes", 1, None),
                              ("max_receive_message_bytes", 1024, None), ("max_inflight_bytes", 1024, None)):
             value = getattr(self, name)
@@ -177,7 +187,9 @@ class Settings:
                 yield f"{_names(name)} must be in [{lo}, {hi if hi is not None else 'inf'}], got {value}"
         for small, large, why in (("max_batch_inputs", "max_waiting", "such a batch could never be queued"),
                                   ("max_receive_message_bytes", "max_inflight_bytes",
-                                   "a call of the largest accepted size could never be admitted")):
+                                   "a call of the largest accepted size could never be admitted"),
+                                  ("engine_not_ready_seconds", "engine_restart_seconds",
+                                   "a silent engine is restarted only after it is marked not ready")):
             if getattr(self, small) > getattr(self, large):
                 yield (f"{_names(small)} ({getattr(self, small)}) exceeds {_names(large)} ({getattr(self, large)}): "
                        f"{why}")
@@ -259,25 +271,6 @@ class Settings:
                       max_inflight_bytes=self.max_inflight_bytes,
                       max_num_beams=min(self.max_num_beams, self.max_batch_size),
                       max_top_logprobs=self.max_top_logprobs)
-
-
-@dataclass(frozen=True)
-class Limits:
-    """What a request may ask for, resolved against the bundle (GetModelInfo reports these)."""
-
-    max_input_tokens: int
-    max_new_tokens: int
-    default_max_new_tokens: int
-    max_stop_strings: int
-    max_batch_inputs: int
-    max_batch_size: int
-    max_waiting: int
-    max_stop_string_bytes: int
-    max_stop_bytes: int
-    max_receive_message_bytes: int
-    max_inflight_bytes: int
-    max_num_beams: int
-    max_top_logprobs: int
 
 
 def bundle_spec(spec: str) -> tuple[str, Path]:

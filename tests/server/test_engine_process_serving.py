@@ -5,7 +5,7 @@ The oracle is an in-process server on the same bundle and settings (its answers 
 bundle's tokenizer; nothing expected comes from the engine process.
 
 Where a test needs the engine to hold a request, it stops the engine process (SIGSTOP) and waits until the front
-end holds the call's request and handed its commands to the socket (RemoteEngine._held, RemoteEngine.sent): the
+end holds the call's request and handed its commands to the socket (RemoteEngine.held, RemoteEngine.sent): the
 engine reads them all when it goes on (SIGCONT). Every wait is on a state and bounded (WAIT): a hang fails the test.
 """
 from __future__ import annotations
@@ -84,8 +84,8 @@ def _engine(s: Served) -> RemoteEngine:
 
 
 def _holds(engine: RemoteEngine) -> set[int]:
-    with engine._lock:  # add() registers and queues its requests under this lock
-        return set(engine._held)
+    with engine.held.lock:  # add() registers and queues its requests under this lock
+        return set(engine.held.ids)
 
 
 def _stop_engine(s: Served) -> tuple[RemoteEngine, int, int]:
@@ -231,9 +231,10 @@ def test_a_killed_engine_ends_its_calls_unavailable_and_comes_back(make_remote, 
     """kill -9 of the engine process during a stream: the call ends UNAVAILABLE at once (never hangs), the front
     end starts a new engine process, and the next call succeeds.
 
-    Health stays SERVING throughout: it says whether this front end takes calls, and it does; a call that arrives
-    while the engine restarts ends UNAVAILABLE at once (as the killed ones do), which clients retry. The first
-    restart follows at once (RESTART_DELAYS[0] == 0); only a crash loop waits longer."""
+    The server's health ("") stays SERVING: it says whether this front end takes calls, and it does; its model's
+    name is NOT_SERVING until the engine is back (tests/server/test_engine_faults.py). A call that arrives while the
+    engine restarts ends UNAVAILABLE at once (as the killed ones do), which clients retry. The first restart follows
+    at once (RESTART_DELAYS[0] == 0); only a crash loop waits longer."""
     s = make_remote()
     want = s.stub.Generate(request(sources[1]), timeout=WAIT)
     engine, pid, sent = _stop_engine(s)
