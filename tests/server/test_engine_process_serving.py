@@ -201,15 +201,16 @@ def test_the_engine_process_figures_reach_metrics(make_remote, sources):
 
 
 def test_a_full_queue_answers_resource_exhausted(make_remote, sources):
-    """max_batch_size=1, max_waiting=1: with the engine stopped, four calls are sent; when it goes on it reads their
-    adds, takes the first and refuses what does not fit with "queue full" (RESOURCE_EXHAUSTED, counted as
-    queue_full); the calls it took complete."""
+    """max_batch_size=1, max_waiting=1: with the engine stopped, four calls are sent; the front end holds the two
+    the engine itself could hold (max_batch_size + max_waiting) and refuses the others at once; when the engine goes
+    on it reads both adds, takes the first and refuses what does not fit with "queue full" (RESOURCE_EXHAUSTED, counted
+    as queue_full); the calls it took complete."""
     s = make_remote(max_batch_size=1, max_waiting=1, max_batch_inputs=1)
     engine, pid, sent = _stop_engine(s)
     with ThreadPoolExecutor(4) as pool:
         try:
             calls = [pool.submit(s.stub.Generate, request(src, **LONG), timeout=WAIT) for src in sources[:4]]
-            _hold(engine, sent, n=4)
+            _hold(engine, sent, n=2)
         finally:
             os.kill(pid, signal.SIGCONT)
         done, refused = [], []
