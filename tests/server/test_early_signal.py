@@ -95,6 +95,27 @@ def test_the_handler_is_installed_before_anything_slow_is_imported(tmp_path):
     assert set(line.split()[1:]) <= FIRST, line
 
 
+def test_the_handler_is_installed_by_the_first_module_of_ours_the_command_runs(tmp_path):
+    """The console script imports seqserve.cli.main; the handler is installed while its package (seqserve.cli) is
+    imported, before cli/main.py or argparse: the earliest point Python runs any code of ours. Before it, the
+    interpreter is starting (docs/security.md gives the measured bound)."""
+    observe = ("import signal, sys\n"
+               "install = signal.signal\n"
+               "def observed(sig, handler):\n"
+               "    if sig == signal.SIGTERM and not hasattr(observed, 'seen'):\n"
+               "        observed.seen = sorted({'argparse', 'seqserve.cli.main'} & set(sys.modules))\n"
+               "        print('loaded:', ' '.join(observed.seen), file=sys.stderr, flush=True)\n"
+               "    return install(sig, handler)\n"
+               "signal.signal = observed\n"
+               "from seqserve.cli.main import main\n"
+               "sys.exit(main())\n")
+    done = subprocess.run([sys.executable, "-c", observe, "serve", "--bundle", str(tmp_path / "none")],
+                          capture_output=True, text=True, timeout=WAIT)
+    assert done.returncode == 2 and "no manifest.json there" in done.stderr, done.stderr
+    (line,) = [line for line in done.stderr.splitlines() if line.startswith("loaded:")]
+    assert line.split() == ["loaded:"], line
+
+
 @pytest.mark.parametrize("point", list(POINTS))
 def test_sigterm_at_each_point_of_the_start_up_exits_0(tiny_bundle, point):
     proc = _start(tiny_bundle)
