@@ -1,8 +1,9 @@
 """SIGTERM and SIGINT (and SIGHUP, which re-reads the models) from the first moment of `seqserve serve` to its exit.
 
-`seqserve serve` calls `hold` first thing in `cli.main.main`, before it imports anything slow (grpc, onnxruntime,
-numpy: about half a second, before the event loop exists); a signal before that would end the process with Python's
-default action (exit 143). The handler only remembers the signal; serve._serve then stops at once (exit 0), or drains
+`seqserve serve` calls `hold` in the first module of ours it runs (cli/__init__.py, and again in `cli.main.main`),
+before it imports anything slow (argparse, grpc, onnxruntime, numpy: about half a second, before the event loop
+exists); a signal before that, while the interpreter itself starts, ends the process with the default action (exit
+143; docs/security.md measures that bound). The handler only remembers the signal; serve._serve then stops at once (exit 0), or drains
 if the signal came while it was starting. `on_stop` lets the event loop hear SIGTERM/SIGINT through this same handler
 rather than through loop.add_signal_handler, whose loop puts back the default action when it closes, so that no
 instant from `hold` to the process's exit ends it with 143 (`done` ignores them once the server has stopped).
@@ -11,8 +12,8 @@ from __future__ import annotations
 
 import signal
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (6 ms before the handler, measured)
 if TYPE_CHECKING:  # asyncio itself is imported later: hold runs before anything that takes time
     import asyncio
 

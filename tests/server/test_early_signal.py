@@ -164,3 +164,32 @@ def test_sighup_during_the_drain_and_the_exit_changes_nothing(tiny_bundle):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def _until_caught(argv: list[str]) -> float:
+    """Seconds from exec to the instant SigCgt shows SIGTERM caught (polled without a pause)."""
+    start = time.monotonic()
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        _wait_until("handler-installed", proc, [])
+        return time.monotonic() - start
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.mark.skipif(not os.environ.get("SEQSERVE_HANDLER_TIMING"), reason="a measurement: SEQSERVE_HANDLER_TIMING=N")
+def test_time_from_exec_to_the_handler(tmp_path):
+    """The true bound of "any instant" (docs/security.md): `seqserve serve` against the earliest a Python program can
+    catch SIGTERM (`python -c` whose first statement installs a handler), N runs each, interleaved."""
+    runs = int(os.environ["SEQSERVE_HANDLER_TIMING"])
+    floor = [sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, print); time.sleep(60)"]
+    ours = [str(SEQSERVE), "serve", "--bundle", str(tmp_path / "none")]
+    times = {"python -c": [], "seqserve serve": []}
+    for _ in range(runs):
+        times["python -c"].append(_until_caught(floor))
+        times["seqserve serve"].append(_until_caught(ours))
+    for name, xs in times.items():
+        xs.sort()
+        print(f"{name}: median {xs[len(xs) // 2] * 1000:.0f} ms, min {xs[0] * 1000:.0f}, max {xs[-1] * 1000:.0f} "
+              f"(load {os.getloadavg()[0]:.1f})")
