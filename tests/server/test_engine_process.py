@@ -22,10 +22,12 @@ from seqserve.engine.device import RuntimeConfig
 from seqserve.engine.request import FinishReason, SamplingParams
 from seqserve.engine.scheduler import SchedulerConfig
 from seqserve.server.engine_client import start_engine
+from seqserve.server.engine_watch import Silence
 from seqserve.server.remote_engine import RESTART_DELAYS, RemoteEngine, restart_delay
 
 WAIT = 30.0  # every wait is bounded: a hang fails the test instead of blocking the suite
 MAX_WAITING = 4
+HELD = Silence(not_ready=600, restart=1200, abandon=600)  # SIGSTOP holds the engine here: its silence is no hang
 SOURCES = ["b 5 9 k o 9 9 5 d", "f b 8 f d f j o d", "e c i 8 d", "a a 3 k"]
 LONG = SamplingParams(max_new_tokens=38, min_new_tokens=38)  # 38 steps (the bundle allows 40)
 _ids = itertools.count(1)
@@ -86,7 +88,7 @@ def oracle(tiny_bundle):
 
 @pytest.fixture(scope="module")
 def remote(tiny_bundle):
-    engine, reports = start_engine(_config(tiny_bundle), in_process=False), Reports()
+    engine, reports = start_engine(_config(tiny_bundle), in_process=False, silence=HELD), Reports()
     engine.start(reports)
     yield engine, reports
     engine.stop()
@@ -206,7 +208,7 @@ def test_a_killed_engine_ends_its_requests_and_is_restarted(remote, tokenizer, c
 
 
 def test_stop_drains_the_engine_and_its_process_exits_0(tiny_bundle, tokenizer):
-    engine, reports = RemoteEngine(_config(tiny_bundle)), Reports()
+    engine, reports = RemoteEngine(_config(tiny_bundle), silence=HELD), Reports()
     engine.start(reports)
     requests = _requests(tokenizer, LONG, stream=True, sources=SOURCES[:2])
     process = engine.process
