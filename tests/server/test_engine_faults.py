@@ -75,17 +75,19 @@ def _until(condition, what: str, timeout: float = WAIT):
 class Server:
     """`seqserve serve --engine-process` in a session of its own (a process group the test may signal)."""
 
-    def __init__(self, bundle: Path, *flags: str) -> None:
+    def __init__(self, bundle: Path, *flags: str, front_ends: int = 1) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("SEQSERVE_")}
         self.proc = subprocess.Popen(
             [str(SEQSERVE), "serve", "--bundle", f"{MODEL}={bundle}", "--engine-process", "--port", "0",
-             "--metrics-port", "0", "--device", "cpu", "--intra-op-threads", "1", *flags],
+             "--metrics-port", "0", "--device", "cpu", "--intra-op-threads", "1", "--front-ends", str(front_ends),
+             *flags],
             env=env, stderr=subprocess.PIPE, text=True, start_new_session=True)
         self.log, ports, listening = follow_log(self.proc)
         _until(lambda: listening.is_set() or self.proc.poll() is not None, "serving")
         assert self.proc.poll() is None, self.text
         self.port = ports[0]
-        self.metrics_port = int(re.search(r"metrics on 127\.0\.0\.1:(\d+)/metrics", self.text).group(1))
+        found = lambda: re.findall(r"metrics on 127\.0\.0\.1:(\d+)/metrics", self.text)  # noqa: E731
+        self.metrics_ports = [int(p) for p in _until(lambda: len(found()) == front_ends and found(), "every /metrics")]
         self.channel = grpc.insecure_channel(f"127.0.0.1:{self.port}")
         self.stub = pb_grpc.GenerationStub(self.channel)
         self.health_stub = health_pb2_grpc.HealthStub(self.channel)
@@ -105,9 +107,13 @@ class Server:
         return self.health_stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=10).status
 
     def metric(self, name: str, **labels) -> float:
-        text = urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10).read().decode()
-        return sum(s.value for family in text_string_to_metric_families(text) for s in family.samples
-                   if s.name == name and set(labels.items()) <= set(s.labels.items()))
+        """Summed over the front ends."""
+        total = 0.0
+        for port in self.metrics_ports:
+            text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+            total += sum(s.value for family in text_string_to_metric_families(text) for s in family.samples
+                         if s.name == name and set(labels.items()) <= set(s.labels.items()))
+        return total
 
     def close(self) -> None:
         self.channel.close()
@@ -122,8 +128,8 @@ class Server:
 def serve(tiny_bundle):
     servers: list[Server] = []
 
-    def start(*flags: str) -> Server:
-        servers.append(Server(tiny_bundle, *flags))
+    def start(*flags: str, front_ends: int = 1) -> Server:
+        servers.append(Server(tiny_bundle, *flags, front_ends=front_ends))
         return servers[-1]
 
     yield start
@@ -250,16 +256,20 @@ def _every_call_held(s: Server, calls: int, text: str) -> None:
     _until(lambda: s.metric("seqserve_inflight_request_bytes") == calls * size, f"{calls} calls in flight")
 
 
-@pytest.mark.parametrize("how", ["SIGINT to the group", "SIGTERM to every process"])
-def test_a_signal_to_the_whole_group_drains_as_one_to_the_server(serve, source, how):
+@pytest.mark.parametrize("how, front_ends", [("SIGINT to the group", 1), ("SIGTERM to every process", 1),
+                                             ("SIGINT to the group", 2)])
+def test_a_signal_to_the_whole_group_drains_as_one_to_the_server(serve, source, how, front_ends):
     """Ctrl-C signals the process group; systemd's KillMode=control-group signals every process of the service. The
-    engine ignores both and is stopped by its server, which drains: every call in flight finishes OK, the server
-    exits 0, no traceback, no engine restarted."""
-    s = serve("--grace-seconds", "60", "--engine-not-ready-seconds", "600", "--engine-restart-seconds", "1200")
+    engine ignores both and is stopped by its server, which drains (another front end drains as it would when told):
+    every call in flight finishes OK, the server exits 0, no traceback, no engine or front end restarted."""
+    s = serve("--grace-seconds", "60", "--engine-not-ready-seconds", "600", "--engine-restart-seconds", "1200",
+              front_ends=front_ends)
     pid = s.engine_pid()
     os.kill(pid, signal.SIGSTOP)  # holds the calls in flight while the signal arrives
+    channels = [grpc.insecure_channel(f"127.0.0.1:{s.port}") for _ in range(8)]  # connections reach every front end
     with ThreadPoolExecutor(8) as pool:
-        calls = [pool.submit(s.stub.Generate, request(source, **LONG), timeout=WAIT) for _ in range(8)]
+        calls = [pool.submit(pb_grpc.GenerationStub(c).Generate, request(source, **LONG), timeout=WAIT)
+                 for c in channels]
         try:
             _every_call_held(s, 8, source)
             if how == "SIGINT to the group":
@@ -271,11 +281,13 @@ def test_a_signal_to_the_whole_group_drains_as_one_to_the_server(serve, source, 
         finally:
             os.kill(pid, signal.SIGCONT)  # a signal it ignores is dropped, not delivered now
         answers = [c.result(WAIT) for c in calls]
+    for c in channels:
+        c.close()
     assert all(len(a.token_ids) == LONG["max_new_tokens"] for a in answers)
     assert s.proc.wait(WAIT) == 0, s.text
     _until(lambda: re.search(r" seqserve: stopped$", s.text, re.M), "the server's last log line")
     assert "Traceback" not in s.text and "KeyboardInterrupt" not in s.text, s.text
-    assert "restarting it" not in s.text and _gone(pid), s.text
+    assert "restarting it" not in s.text and "starting it again" not in s.text and _gone(pid), s.text
 
 
 def test_a_drain_with_a_stopped_engine_ends_within_its_bound(serve, source):
