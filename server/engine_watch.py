@@ -32,7 +32,7 @@ def restart_delay(failures: int) -> float:
 
 def ended_message(model: str, cause: str | None) -> str:
     """What a call whose request the engine held hears when that engine went away."""
-    return (f"the engine of model {model!r} {WHAT[cause]} before this generation finished and is being restarted; "
+    return (f"this generation did not finish: the engine of model {model!r} {WHAT[cause]} and is being restarted; "
             "the call may be retried")
 
 
