@@ -142,6 +142,7 @@ class App:
         loaded.engine.on_state = heard
 
     def _engine_state(self, name: str, loaded: Loaded, ready: bool, cause: str | None) -> None:
+        """On the event loop: the model's health name and model_ready follow its engine; a restart is counted."""
         if self.models.get(name) is not loaded:  # a replaced or removed version: the name is not its own now
             return
         metrics = self.metrics.for_model(name)
