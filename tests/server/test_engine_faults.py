@@ -82,6 +82,14 @@ class Server:
              "--metrics-port", "0", "--device", "cpu", "--intra-op-threads", "1", "--front-ends", str(front_ends),
              *flags],
             env=env, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        try:
+            self._started(front_ends)
+        except BaseException:
+            self.close()
+            raise
+
+    def _started(self, front_ends: int) -> None:
+        self.channel = None
         self.log, ports, listening = follow_log(self.proc)
         _until(lambda: listening.is_set() or self.proc.poll() is not None, "serving")
         assert self.proc.poll() is None, self.text
@@ -116,7 +124,8 @@ class Server:
         return total
 
     def close(self) -> None:
-        self.channel.close()
+        if self.channel is not None:
+            self.channel.close()
         if self.proc.poll() is None:
             for child in _children(self.proc.pid):
                 os.kill(child, signal.SIGKILL)
