@@ -7,9 +7,12 @@ from __future__ import annotations
 from seqserve.engine.api import EngineClient
 from seqserve.engine.build import EngineConfig, build
 from seqserve.server.remote_engine import RemoteEngine
+from seqserve.server.settings import Limits
 
 
-def start_engine(cfg: EngineConfig, tokenizer=None, in_process: bool = True, cpus: str = "") -> EngineClient:
+def start_engine(cfg: EngineConfig, tokenizer=None, in_process: bool = True, cpus: str = "",
+                 limits: Limits | None = None) -> EngineClient:
     """A loaded, warmed-up engine, not yet started (the caller calls start(deliver)). tokenizer: the bundle's, if
-    loaded (an engine process loads its own); cpus: where an engine process runs (taskset -c syntax)."""
-    return build(cfg, tokenizer) if in_process else RemoteEngine(cfg, cpus=cpus)
+    loaded (an engine process loads its own); cpus: where an engine process runs (taskset -c syntax); limits: the
+    model's request limits, which an engine process checks each request against again (server/request_bounds.py)."""
+    return build(cfg, tokenizer) if in_process else RemoteEngine(cfg, cpus=cpus, limits=limits)

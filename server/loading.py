@@ -12,10 +12,9 @@ from seqserve.engine.build import EngineConfig
 from seqserve.engine.device import RuntimeConfig
 from seqserve.engine.scheduler import SchedulerConfig
 from seqserve.server.engine_client import start_engine
-from seqserve.server.front_ends import Role
-from seqserve.server.model_defaults import default_max_new_tokens, info_entries
+from seqserve.server.front_ends import Role, attach_engine
+from seqserve.server.model_defaults import info_entries, model_limits
 from seqserve.server.outbox import Outbox
-from seqserve.server.remote_engine import RemoteEngine
 from seqserve.server.repository import Source, memory_bytes
 from seqserve.server.settings import Limits, Settings, SettingsError, env_name
 
@@ -47,8 +46,7 @@ def load_model(s: Settings, source: Source, threads: int, used: int, role: Role 
     manifest, tokenizer = open_bundle(bundle)
     if s.variant in manifest.variants:  # probed on CPU too: an out-of-range gather may pass silently on a GPU
         check_graphs(bundle, manifest, s.variant)
-    limits = s.limits(int(manifest.model["max_positions"]), int(manifest.max_new_tokens),
-                      default_max_new_tokens(manifest.generation))
+    limits = model_limits(s, manifest)
     memory = memory_bytes(bundle, manifest, s) if s.variant in manifest.variants else 0
     if s.memory_budget_bytes and used + memory > s.memory_budget_bytes:
         raise ModelError(f"model {source.name!r} refused: it may take {memory} bytes and the models already "
@@ -60,9 +58,9 @@ def load_model(s: Settings, source: Source, threads: int, used: int, role: Role 
     cfg = EngineConfig(bundle, variant=s.variant, runtime=runtime, kv_cache=s.kv_cache,
                        scheduler=SchedulerConfig.from_settings(s, 0), stream_interval=s.stream_interval)
     if role is not None:
-        engine = RemoteEngine(cfg, attach=lambda: role.address(source.name, source.digest))
+        engine = attach_engine(cfg, role, source.name, source.digest)
     else:
-        engine = start_engine(cfg, tokenizer, in_process=not s.engine_process, cpus=s.engine_cpus)
+        engine = start_engine(cfg, tokenizer, in_process=not s.engine_process, cpus=s.engine_cpus, limits=limits)
     return Loaded(source, engine, manifest, tokenizer, limits, memory)
 
 

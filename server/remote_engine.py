@@ -19,7 +19,6 @@ import logging
 import os
 import shutil
 import subprocess
-import tempfile
 import threading
 import time
 import uuid
@@ -31,7 +30,8 @@ from seqserve.engine import wire
 from seqserve.engine.api import Deliver, EngineInfo, EngineRequest, Output, StepReport, StepStats
 from seqserve.engine.build import EngineConfig
 from seqserve.engine.request import FinishReason, Result
-from seqserve.server.engine_link import Attached, Spawned
+from seqserve.server import owned_dirs
+from seqserve.server.engine_link import Attached, Spawned, exit_cause
 from seqserve.server.engine_process import (
     ABORT,
     ADD,
@@ -44,6 +44,7 @@ from seqserve.server.engine_process import (
     STOPPED,
 )
 from seqserve.server.mailbox import Mailbox
+from seqserve.server.settings import Limits
 
 log = logging.getLogger("seqserve.server.remote_engine")
 
@@ -69,13 +70,12 @@ class RemoteEngine:
     front end started (server/front_ends.py)."""
 
     def __init__(self, cfg: EngineConfig, start_seconds: float = START_SECONDS, cpus: str = "",
-                 attach: Callable[[], str | None] | None = None) -> None:
+                 attach: Callable[[], str | None] | None = None, limits: Limits | None = None) -> None:
         """attach: instead of starting an engine process, connect to the one another front end started; it gives that
-        engine's address now (None while it has none), and is asked again when the engine went away."""
-        self.cfg, self.cpus, self._attach = cfg, cpus, attach
+        engine's address (None while it has none), asked again when it went away. limits: those requests keep."""
+        self.cfg, self.cpus, self._attach, self.limits = cfg, cpus, attach, limits
         self.on_up: Callable[[str], None] | None = None  # an engine this one started (again) serves at this address
-        # mode 0700: only this user reaches the socket
-        self._dir = tempfile.mkdtemp(prefix=SOCKET_DIR_PREFIX) if attach is None else None
+        self._dir = str(owned_dirs.make(SOCKET_DIR_PREFIX)) if attach is None else None  # 0700: this user only
         self._ctx = zmq.Context()
         self._identity = f"front-{os.getpid()}-{uuid.uuid4().hex}".encode()
         self._starts = itertools.count(1)
@@ -164,7 +164,7 @@ class RemoteEngine:
                 raise RuntimeError(f"no engine to attach to for {self.cfg.bundle}")
             return Attached(self._ctx, address, self._identity)
         address = f"ipc://{self._dir}/engine-{next(self._starts)}.sock"  # a fresh one: nothing stale reaches it
-        return Spawned(self._ctx, self.cfg, address, self._identity, self.cpus)
+        return Spawned(self._ctx, self.cfg, address, self._identity, self.cpus, self.limits)
 
     def _hello(self, engine: Spawned | Attached, seconds: float) -> EngineInfo:
         poller = zmq.Poller()
@@ -238,7 +238,7 @@ class RemoteEngine:
             self._stopping = True
             if up and self._attach is None:
                 self._stop_deadline = time.monotonic() + command[1] + STOP_MARGIN_SECONDS
-                engine.sock.send_multipart([STOP, wire.dumps(float(command[1]))])
+                engine.sock.send_multipart([STOP, wire.dumps([float(command[1]), engine.secret])])
                 return False
             if up:  # attached: not ours to stop, this front end leaves it
                 engine.sock.send_multipart([BYE, wire.dumps(None)])
@@ -288,7 +288,7 @@ class RemoteEngine:
             log.error("%s went away: its %d requests here end CANCELLED; attaching to its successor", engine.name, n)
             return self._stopping
         if self._stopping:
-            log.error("engine process %d exited with status %s while draining", engine.process.pid, code)
+            log.error("engine process %d %s while draining", engine.process.pid, exit_cause(code))
             self._stop_ok = True
             return True
         if engine.up and time.monotonic() - engine.started >= STABLE_SECONDS:
@@ -296,8 +296,8 @@ class RemoteEngine:
         delay = restart_delay(self._failures)
         self._failures += 1
         self._restart_at = time.monotonic() + delay
-        log.error("engine process %d exited with status %s: its %d requests end CANCELLED; restarting it in %.0f s",
-                  engine.process.pid, code, n, delay)
+        log.error("engine process %d %s: its %d requests end CANCELLED; restarting it in %.0f s",
+                  engine.process.pid, exit_cause(code), n, delay)
         return False
 
     def _again(self) -> None:
