@@ -16,6 +16,7 @@ from seqserve.v1 import seqserve_pb2 as pb
 from seqserve.v1 import seqserve_pb2_grpc as pb_grpc
 
 WAIT = 60.0
+START = 180.0  # a server loads and warms up its model and starts its processes within this, on a busy machine too
 ENGINE = "seqserve.server.engine_process"
 FRONT = "seqserve.cli.main serve"
 SERVING = re.compile(r" serving (\S+) on [^ ]+:(\d+) \(")
@@ -77,7 +78,7 @@ class ServeProcess:
 
     def wait_serving(self, count: int = 1) -> int:
         """Once `count` front ends logged that they serve; the port they listen on."""
-        until(lambda: len(SERVING.findall(self.log())) >= count or self.proc.poll() is not None, "serving")
+        until(lambda: len(SERVING.findall(self.log())) >= count or self.proc.poll() is not None, "serving", START)
         assert self.proc.poll() is None, f"exited {self.proc.returncode}:\n{self.log()[-3000:]}"
         return int(SERVING.findall(self.log())[0][1])
 

@@ -22,21 +22,16 @@ from pathlib import Path
 import grpc
 import pytest
 from ports import free_port
-from serve_process import WAIT, ServeProcess, cmdline, engine_address, environ, generate, until
+from serve_process import SERVING, START, WAIT, ServeProcess, cmdline, engine_address, environ, generate, until
 
 from seqserve.server.front_ends import ROLE
 from seqserve.server.port_claim import CLAIM_NAME
 
 IN_USE = "address already in use"
 BACKOFF = re.compile(r"front end 1 \(pid \d+\) [^\n]*: starting it again in (\d+) s")
-DRAIN_BOUND = 20.0  # seconds from SIGTERM to exit while a front end cannot attach (the attach bound, 10 s, and starts)
+DRAIN_BOUND = 30.0  # seconds from SIGTERM to exit while a front end cannot attach: Kubernetes' default grace
 
 
-def _front_ends(tiny_bundle, tmp_path, name: str = "serve", *extra: str) -> tuple[ServeProcess, int]:
-    port, metrics = free_port(), free_port()
-    serve = ServeProcess(["--bundle", str(tiny_bundle), "--engine-process", "--front-ends", "2", "--port", str(port),
-                          "--metrics-port", str(metrics), "--intra-op-threads", "1", *extra], tmp_path / f"{name}.log")
-    return serve, port
 
 
 def _refused(args: list[str], tmp_path: Path, name: str) -> str:
@@ -50,9 +45,12 @@ def _refused(args: list[str], tmp_path: Path, name: str) -> str:
 
 @pytest.fixture
 def served(tiny_bundle, tmp_path):
-    serve, port = _front_ends(tiny_bundle, tmp_path)
+    """--front-ends 2 on --port 0: the first picks a port, and its other front end listens on that one too."""
+    serve = ServeProcess(["--bundle", str(tiny_bundle), "--engine-process", "--front-ends", "2", "--port", "0",
+                          "--metrics-port", "-1", "--intra-op-threads", "1"], tmp_path / "serve.log")
     try:
-        serve.wait_serving(2)
+        port = serve.wait_serving(2)
+        assert {int(p) for _, p in SERVING.findall(serve.log())} == {port}
         yield serve, port
     finally:
         serve.kill()
@@ -100,8 +98,8 @@ def _attached(serve: ServeProcess) -> tuple[int, Path]:
 def _failures(serve: ServeProcess, why: str, since: int, count: int = 2) -> None:
     """Waits (from log offset `since`: the kill) for the attached front end to fail `count` times for this reason,
     each logged as one line, no traceback, and the restarts spaced by a growing back-off."""
-    until(lambda: serve.log()[since:].count(why) >= count, f"{count} failures logged: {why}")
-    until(lambda: len(BACKOFF.findall(serve.log()[since:])) > count, "the restarts after them")
+    until(lambda: serve.log()[since:].count(why) >= count, f"{count} failures logged: {why}", START)
+    until(lambda: len(BACKOFF.findall(serve.log()[since:])) > count, "the restarts after them", START)
     delays = [int(d) for d in BACKOFF.findall(serve.log()[since:])]
     assert delays == sorted(delays) and delays[-1] > delays[0], delays
     assert "Traceback" not in serve.log()
@@ -116,7 +114,7 @@ def test_a_front_end_that_cannot_attach_says_why_backs_off_and_drains_in_time(se
     os.kill(front, signal.SIGKILL)
     _failures(serve, f"{engines} is corrupt (not JSON", since)
     engines.write_text(written)  # mended: the next start attaches and serves
-    until(lambda: serve.log().count(" serving tiny-bundle on ") >= 3, "the attached front end serving again")
+    until(lambda: serve.log().count(" serving tiny-bundle on ") >= 3, "the attached front end serving again", START)
 
     front, _ = _attached(serve)
     socket_file = engine_address(serve.engines()[0]).removeprefix("ipc://")
