@@ -9,8 +9,9 @@ process behind (the server killed while an engine process restarts after its bac
 making a directory of a kind first sweeps away those of that kind whose owner is gone. Directories of other users are
 never touched (their owner record cannot be read, and their uid is not ours), nor those without an owner record.
 
-The owner record (OWNER inside): its pid and that process's start time (field 22 of /proc/PID/stat, in clock
-ticks since boot), so a pid the system has given to another process since is not taken for the owner.
+The owner record (OWNER inside): its pid, that process's start time (field 22 of /proc/PID/stat, in clock ticks
+since boot), so a pid the system has given to another process since is not taken for the owner, and its pid
+namespace, so a directory made in another container sharing this temporary directory is never judged from here.
 """
 from __future__ import annotations
 
@@ -25,11 +26,21 @@ log = logging.getLogger("seqserve.server.owned_dirs")
 OWNER = "owner"
 
 
+def _namespace() -> str:
+    try:
+        return os.readlink("/proc/self/ns/pid")  # e.g. pid:[4026531836]
+    except OSError:
+        return "pid:[?]"
+
+
+_NAMESPACE = _namespace()
+
+
 def make(prefix: str) -> Path:
     """A new private directory (0700) named prefix + random, owned by this process; stale ones swept first."""
     sweep(prefix)
     path = Path(tempfile.mkdtemp(prefix=prefix))
-    (path / OWNER).write_text(_identity(os.getpid()) or str(os.getpid()))
+    (path / OWNER).write_text(f"{_identity(os.getpid())} {_NAMESPACE}")
     return path
 
 
@@ -62,7 +73,9 @@ def _identity(pid: int) -> str | None:
 
 
 def _alive(owner: str) -> bool:
+    """Whether the owner a record names may still run (a record this module did not write, or one made in another
+    pid namespace, is not ours to judge: alive)."""
     parts = owner.split()
-    if not parts or not parts[0].isdigit():
-        return True  # not a record this module wrote: not ours to judge
-    return _identity(int(parts[0])) == owner.strip() if len(parts) == 2 else _identity(int(parts[0])) is not None
+    if len(parts) != 3 or not parts[0].isdigit() or parts[2] != _NAMESPACE:
+        return True
+    return _identity(int(parts[0])) == f"{parts[0]} {parts[1]}"
