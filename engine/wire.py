@@ -3,6 +3,10 @@
 A dataclass travels as the list of its fields' values in declaration order; each value is decoded back by its
 field's type (enums by value, Path as text, tuples and lists of their items, X | None), so what arrives equals what
 was sent and the codec follows the types as fields are added. Both ends run the same code (one installed package).
+
+Decoding checks every value against its field's type (an int field takes an int, never a bool or a string; a
+dataclass its exact number of fields; an enum one of its values): a malformed message, whatever its bytes (truncated
+msgpack, wrong types, wrong shapes), raises WireError and nothing else, so a reader can drop it and live on.
 """
 from __future__ import annotations
 
@@ -17,6 +21,10 @@ from typing import Any, TypeVar
 import msgpack
 
 T = TypeVar("T")
+
+
+class WireError(ValueError):
+    """A message that is not a well-formed value of the type asked for."""
 
 
 def _plain(value: Any) -> Any:
@@ -51,9 +59,18 @@ def _make_decoder(tp: Any) -> Callable[[Any], Any]:
         parts = [(f.name, _decoder(hints[f.name])) for f in dataclasses.fields(tp)]
 
         def dataclass_(v):
-            if len(v) != len(parts):
-                raise ValueError(f"{tp.__name__}: {len(v)} fields, expected {len(parts)}")
-            return tp(**{name: dec(x) for (name, dec), x in zip(parts, v)})
+            if len(_checked(v, list, tp.__name__)) != len(parts):
+                raise WireError(f"{tp.__name__}: {len(v)} fields, expected {len(parts)}")
+            values = {}
+            for (name, dec), x in zip(parts, v):
+                try:
+                    values[name] = dec(x)
+                except WireError as e:
+                    raise WireError(f"{tp.__name__}.{name}: {e}") from None
+            try:
+                return tp(**values)
+            except (TypeError, ValueError) as e:  # its __post_init__'s own checks
+                raise WireError(f"{tp.__name__}: {e}") from None
         return dataclass_
     if origin in (typing.Union, types.UnionType):
         options = [(a, _decoder(a)) for a in args if a is not type(None)]
@@ -63,25 +80,50 @@ def _make_decoder(tp: Any) -> Callable[[Any], Any]:
         # Path | tuple[str, ...] style unions do not occur in the interface; the first option that fits decodes
         return lambda v: None if v is None else _first_fit(options, v)
     if origin is tuple:
-        if len(args) == 2 and args[1] is Ellipsis:
-            item = _decoder(args[0])
-            return lambda v: tuple(item(x) for x in v)
-        items = [_decoder(a) for a in args]
-        return lambda v: tuple(dec(x) for dec, x in zip(items, v, strict=True))
+        return _tuple_decoder(args)
     if origin is list:
         item = _decoder(args[0]) if args else (lambda x: x)
-        return lambda v: [item(x) for x in v]
-    if origin is dict or tp is dict:
-        return lambda v: v  # free-form facts (EngineInfo's model_info, languages): msgpack keeps maps and lists
+        return lambda v: [item(x) for x in _checked(v, list, "list")]
+    if origin is dict or tp is dict:  # free-form facts (EngineInfo's model_info, languages): maps and lists as sent
+        return lambda v: _checked(v, dict, "map")
     if isinstance(tp, type) and issubclass(tp, enum.Enum):
-        return tp
+        return lambda v: _enum(tp, v)
     if tp is Path:
-        return Path
-    if tp is float:
-        return float  # an int given for a float field arrives as the float it stands for
-    if tp in (int, str, bool, bytes, Any, object):
+        return lambda v: Path(_checked(v, str, "path"))
+    if tp is float:  # an int given for a float field arrives as the float it stands for
+        return lambda v: float(_checked(v, (int, float), "float"))
+    if tp in (int, str, bool, bytes):
+        return lambda v: _checked(v, tp, tp.__name__)
+    if tp in (Any, object):
         return lambda v: v
     raise TypeError(f"no wire form for {tp!r}")
+
+
+def _checked(v: Any, kinds: type | tuple[type, ...], what: str) -> Any:
+    """v itself, if it is one of kinds (a bool only where bool is asked for: msgpack's true is no int)."""
+    if not isinstance(v, kinds) or (isinstance(v, bool) and kinds is not bool):
+        raise WireError(f"{what} expected, got {type(v).__name__}")
+    return v
+
+
+def _enum(tp: type[enum.Enum], v: Any) -> enum.Enum:
+    try:
+        return tp(v)
+    except ValueError:
+        raise WireError(f"{v!r} is no {tp.__name__}") from None
+
+
+def _tuple_decoder(args: tuple) -> Callable[[Any], Any]:
+    if len(args) == 2 and args[1] is Ellipsis:
+        item = _decoder(args[0])
+        return lambda v: tuple(item(x) for x in _checked(v, list, "tuple"))
+    items = [_decoder(a) for a in args]
+
+    def fixed(v):
+        if len(_checked(v, list, "tuple")) != len(items):
+            raise WireError(f"tuple of {len(v)} items, expected {len(items)}")
+        return tuple(dec(x) for dec, x in zip(items, v, strict=True))
+    return fixed
 
 
 def _first_fit(options, v):
@@ -96,4 +138,9 @@ def dumps(value: Any) -> bytes:
 
 
 def loads(tp: type[T], data: bytes) -> T:
-    return _decoder(tp)(msgpack.unpackb(data, raw=False, strict_map_key=False))
+    """The `tp` that data encodes; WireError for anything else (truncated or trailing bytes, wrong types or shapes)."""
+    try:
+        value = msgpack.unpackb(data, raw=False, strict_map_key=False)
+    except Exception as e:  # msgpack's errors are ValueErrors, TypeErrors (unhashable keys) and its own
+        raise WireError(f"not msgpack: {e}") from None
+    return _decoder(tp)(value)

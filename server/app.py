@@ -32,6 +32,7 @@ from seqserve.server.metrics import Metrics
 from seqserve.server.metrics_http import MetricsEndpoint
 from seqserve.server.model_defaults import request_defaults
 from seqserve.server.outbox import Outbox
+from seqserve.server.port_claim import PortInUse, claim_port
 from seqserve.server.repository import Source, read_models, scan, split_threads
 from seqserve.server.served_model import ServedModel
 from seqserve.server.service import SERVICE_NAME, GenerationService
@@ -57,6 +58,7 @@ class App:
         """role: an attached front end's (server/front_ends.py); None for the server the user starts."""
         self.settings, self.role = settings, role
         self.fronts: FrontEnds | None = None  # --front-ends N: the others, started by this one
+        self._claim = None  # --front-ends N: this server's claim on its port (server/port_claim.py)
         self._fronts_stopping: asyncio.Future | None = None
         self.metrics = metrics or Metrics()
         self.service = GenerationService(self.metrics, settings.max_inflight_bytes)
@@ -89,7 +91,7 @@ class App:
             await self._set_health(SERVING)
             self._started.set()
             if self.role is None and self.settings.front_ends > 1:
-                self.fronts = FrontEnds(self.settings.front_ends, self.models)
+                self.fronts = FrontEnds(self.settings.front_ends, self.models, self.port)
                 self.fronts.start()
             info = next(iter(self.models.values())).engine.info  # every model runs on the same settings
             log.info("serving %s on %s:%d (%s, %s); %s", ", ".join(self.models), self.settings.bind, self.port,
@@ -236,8 +238,8 @@ class App:
         interceptors = [TokenAuth(tokens, self.metrics, SERVICE_NAME, s.auth_exempt_health)] if tokens else []
         interceptors.append(Edge(self.metrics, SERVICE_NAME))  # innermost: a call auth refused is counted once
         # so_reuseport off: a second server on a taken port must fail, not silently share it (on with --front-ends N:
-        # the front ends share it, server/front_ends.py). gRPC core keeps calls
-        # the event loop has not taken yet; past its soft limit (default 1,000) it drops some at random and past
+        # its front ends share it, server/front_ends.py, and server/port_claim.py keeps others out). gRPC core keeps
+        # calls the event loop has not taken yet; past its soft limit (default 1,000) it drops some at random and past
         # its hard limit (3,000) all, CANCELLED and unseen by the service: one limit for both, max_pending_calls.
         self.server = grpc.aio.server(interceptors=interceptors, options=[
             ("grpc.so_reuseport", int(s.front_ends > 1)),
@@ -254,12 +256,14 @@ class App:
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         address = f"{s.bind}:{s.port}"
         try:
+            if s.front_ends > 1 and self.role is None and s.port:  # its own front ends join it; nobody else may
+                self._claim = claim_port(s.bind, s.port)
             if s.tls_cert_file is None:
                 self.port = self.server.add_insecure_port(address)
             else:
                 self.port = self.server.add_secure_port(address, server_credentials(
                     s.tls_cert_file, s.tls_key_file, s.tls_client_ca_file))
-        except RuntimeError as exc:
+        except (RuntimeError, PortInUse) as exc:
             raise SettingsError(f"cannot listen on {address} (--bind / {env_name('bind')}, --port / "
                                 f"{env_name('port')}): {exc}") from exc
         await self.server.start()
@@ -338,3 +342,5 @@ class App:
         if self._http is not None:
             await self._http.close()
             self._http = None
+        if self._claim is not None:
+            self._claim.close()

@@ -8,11 +8,15 @@ from seqserve.engine.api import EngineClient
 from seqserve.engine.build import EngineConfig, build
 from seqserve.server.engine_watch import Silence
 from seqserve.server.remote_engine import RemoteEngine
+from seqserve.server.settings import Limits
 
 
 def start_engine(cfg: EngineConfig, tokenizer=None, in_process: bool = True, cpus: str = "", name: str = "",
-                 silence: Silence = Silence()) -> EngineClient:
+                 silence: Silence = Silence(), limits: Limits | None = None) -> EngineClient:
     """A loaded, warmed-up engine, not yet started (the caller calls start(deliver)). tokenizer: the bundle's, if
     loaded (an engine process loads its own); cpus: where an engine process runs (taskset -c syntax); name: the
-    model's; silence: the bounds on an engine process that answers nothing."""
-    return build(cfg, tokenizer) if in_process else RemoteEngine(cfg, cpus=cpus, name=name, silence=silence)
+    model's; silence: the bounds on an engine process that answers nothing; limits: the model's request limits, which
+    an engine process checks each request against again (server/request_bounds.py)."""
+    if in_process:
+        return build(cfg, tokenizer)
+    return RemoteEngine(cfg, cpus=cpus, name=name, silence=silence, limits=limits)

@@ -7,6 +7,9 @@ the engine is gone (`watch`), and close().
 from __future__ import annotations
 
 import logging
+import secrets
+import select
+import signal
 import socket
 import subprocess
 import sys
@@ -17,9 +20,19 @@ import zmq
 from seqserve.engine import wire
 from seqserve.engine.api import EngineInfo
 from seqserve.engine.build import EngineConfig
-from seqserve.server.engine_process import HELLO
+from seqserve.server.engine_process import HELLO, Launch
+from seqserve.server.settings import Limits
 
 log = logging.getLogger("seqserve.server.remote_engine")
+SECRET_BYTES = 32  # a STOP carries this many random bytes: only the front end that started an engine stops it
+EXIT_SECONDS = 2.0  # an engine whose lifeline ended (it is exiting) finishes exiting within this, or is killed
+
+
+def exit_cause(code: int) -> str:
+    """How a process ended, from its exit status, for the log."""
+    if code < 0:
+        return f"was killed by {signal.Signals(-code).name}"
+    return f"exited with status {code}" + (" (its log above says why)" if code else "")
 
 
 def _dealer(ctx: zmq.Context, address: str, identity: bytes) -> zmq.Socket:
@@ -35,7 +48,10 @@ def _dealer(ctx: zmq.Context, address: str, identity: bytes) -> zmq.Socket:
 class Spawned:
     """An engine process this front end started: its end of the lifeline reads end-of-file when the process dies."""
 
-    def __init__(self, ctx: zmq.Context, cfg: EngineConfig, address: str, identity: bytes, cpus: str = "") -> None:
+    def __init__(self, ctx: zmq.Context, cfg: EngineConfig, address: str, identity: bytes, cpus: str = "",
+                 limits: Limits | None = None) -> None:
+        """limits: the requests' limits the engine checks each ADD against (None: the default settings')."""
+        self.secret = secrets.token_bytes(SECRET_BYTES)  # on stdin, never in argv (readable by every user)
         ours, theirs = socket.socketpair()
         self.process = subprocess.Popen(
             [sys.executable, "-m", "seqserve.server.engine_process", "--address", address,
@@ -45,7 +61,7 @@ class Spawned:
             process_group=0)  # Ctrl-C and kill -- -PGID signal the server's group: the server stops its engines
         theirs.close()
         try:
-            self.process.stdin.write(wire.dumps(cfg))
+            self.process.stdin.write(wire.dumps(Launch(cfg, limits, self.secret)))
             self.process.stdin.close()
         except BrokenPipeError:  # it died at once: its lifeline says so
             pass
@@ -59,18 +75,27 @@ class Spawned:
     def name(self) -> str:
         return f"engine process {self.process.pid}"
 
-    def close(self, kill: bool, wait: float = 0.0) -> int:
-        """Its exit status (killed first if `kill` and still running `wait` seconds on: its lifeline closes as it
-        exits, a moment before its status can be read)."""
+    def close(self, kill: bool) -> int:
+        """Its exit status (killed first if `kill` and still running; but one whose lifeline ended is exiting, and is
+        given EXIT_SECONDS to finish, so that its status says how it ended rather than that it was killed)."""
         self.sock.close(linger=0)
+        if kill and self.process.poll() is None and self._lifeline_ended():
+            try:
+                self.process.wait(EXIT_SECONDS)
+            except subprocess.TimeoutExpired:
+                pass
         self.lifeline.close()
-        try:
-            self.process.wait(wait)
-        except subprocess.TimeoutExpired:
-            pass
         if kill and self.process.poll() is None:
             self.process.kill()
         return self.process.wait()
+
+    def _lifeline_ended(self) -> bool:
+        if not select.select([self.lifeline], [], [], 0)[0]:
+            return False
+        try:
+            return self.lifeline.recv(1, socket.MSG_PEEK) == b""
+        except OSError:
+            return True
 
 
 class Attached:
@@ -90,7 +115,7 @@ class Attached:
     def name(self) -> str:
         return f"the engine at {self.address}"
 
-    def close(self, kill: bool, wait: float = 0.0) -> None:
+    def close(self, kill: bool) -> None:
         self.sock.disable_monitor()
         self.watch.close(linger=0)
         self.sock.close(linger=0)

@@ -20,13 +20,21 @@ holds: it reads end-of-file when that process dies, and the engine then drains a
 Its parent alone stops it: it runs in a process group of its own (Ctrl-C's SIGINT never reaches it) and ignores
 SIGINT and SIGTERM (systemd's KillMode=control-group signals every process of the service), so a signal meant for the
 server drains the server, which then stops its engines.
+
+Trust: the socket's directory is private (0700), but anything of this user may reach it, so every message is checked.
+A malformed one (a wrong number of frames, an unknown kind, bytes that are not msgpack, wrong types or shapes) is
+logged and dropped; an ADD whose requests break a bound (server/request_bounds.py: the edge's own ranges) is answered
+with an ERROR result for each; only a STOP that carries the secret the starting front end handed over on stdin
+(Launch: never argv, which every user can read) stops the engine. The engine lives on through all of them.
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import hmac
 import itertools
 import logging
+import math
 import os
 import shutil
 import signal
@@ -37,11 +45,16 @@ from pathlib import Path
 
 import zmq
 
+from seqserve.contract.manifest import load_manifest
 from seqserve.engine import wire
 from seqserve.engine.api import EngineRequest, Output, QueueFull, StepReport, StepStats
 from seqserve.engine.build import EngineConfig, build
 from seqserve.engine.core import EngineCore
+from seqserve.engine.request import FinishReason, Result
 from seqserve.server.cpus import cpu_list
+from seqserve.server.model_defaults import model_limits
+from seqserve.server.request_bounds import request_problem
+from seqserve.server.settings import Limits, Settings
 
 log = logging.getLogger("seqserve.server.engine_process")
 
@@ -50,13 +63,27 @@ PING, BEAT = b"P", b"K"  # a front end asks whether the engine is alive; the eng
 LINGER_MS = 5_000  # how long the exiting engine keeps trying to hand its last reports to a front end
 STOP_MARGIN_SECONDS = 5.0  # beyond stop's own timeout, for the last reports and the process exit
 SOCKET_DIR_PREFIX = "seqserve-engine-"  # the private directory a front end makes for its engines' ipc sockets
+LOGGED_DROPS = 100  # malformed messages logged one by one; beyond, every hundredth (a flood must not flood the log)
+
+
+@dataclasses.dataclass(frozen=True)
+class Launch:
+    """What the starting front end hands its engine process on stdin: the engine's config, the request limits every
+    ADD is checked against (None: those of the default settings for the bundle), and the secret a STOP carries."""
+
+    cfg: EngineConfig
+    limits: Limits | None
+    secret: bytes
 
 
 class EngineServer:
     """The socket thread of an engine process: requests in from front ends, the engine's reports out to them."""
 
-    def __init__(self, core: EngineCore, address: str, lifeline: socket.socket | None = None) -> None:
-        self.core, self.lifeline = core, lifeline
+    def __init__(self, core: EngineCore, address: str, lifeline: socket.socket | None, limits: Limits,
+                 secret: bytes) -> None:
+        self.core, self.lifeline, self.limits, self.secret = core, lifeline, limits, secret
+        self.vocab_size = int(core.info.model_info["config"]["vocab_size"])
+        self.dropped = 0  # malformed messages so far
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a send to a front end that left raises instead of vanishing
@@ -97,31 +124,75 @@ class EngineServer:
             self.ctx.term()
 
     def _receive(self) -> tuple[bytes, float] | None:
-        """Every message waiting; (front end, timeout) once one asked to stop."""
+        """Every message waiting; (front end, timeout) once its owner asked it to stop. A malformed one is dropped."""
         while True:
             try:
-                front, kind, payload = self.sock.recv_multipart(zmq.NOBLOCK)
+                parts = self.sock.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 return None
-            if kind == HELLO:
-                if front not in self.fronts:
-                    self.fronts.append(front)
-                self._send(front, HELLO, self.core.info)
-            elif kind == ADD:
-                requests = wire.loads(list[EngineRequest], payload)
-                if (refusal := self._add(front, requests)) is not None:  # all or none: every one is told
-                    outputs = tuple(Output(r.id, refused=refusal) for r in requests)
-                    self._send(front, REPORT, StepReport(outputs, StepStats()))
-            elif kind == ABORT:
-                request_id, deadline = wire.loads(tuple[int, bool], payload)
-                if (eid := self.engine_id.get((front, request_id))) is not None:
-                    self.core.abort(eid, deadline)
-            elif kind == STOP:
-                return front, wire.loads(float, payload)
-            elif kind == BYE:
-                self._leave(front)
-            elif kind == PING:
-                self._send(front, BEAT, None)
+            if len(parts) != 3:  # the ROUTER's identity frame, then the sender's kind and payload
+                self._drop(parts[1] if len(parts) > 1 else b"", f"{len(parts) - 1} frames, expected 2")
+                continue
+            front, kind, payload = parts
+            try:
+                if (timeout := self._handle(front, kind, payload)) is not None:
+                    return front, timeout
+            except wire.WireError as e:
+                self._drop(kind, str(e))
+
+    def _handle(self, front: bytes, kind: bytes, payload: bytes) -> float | None:
+        """One message; a STOP's timeout. WireError: a malformed one."""
+        if kind == HELLO:
+            if front not in self.fronts:
+                self.fronts.append(front)
+            self._send(front, HELLO, self.core.info)
+        elif kind == ADD:
+            self._add_checked(front, wire.loads(list[EngineRequest], payload))
+        elif kind == ABORT:
+            request_id, deadline = wire.loads(tuple[int, bool], payload)
+            if (eid := self.engine_id.get((front, request_id))) is not None:
+                self.core.abort(eid, deadline)
+        elif kind == STOP:
+            return self._stop_timeout(payload)
+        elif kind == BYE:
+            self._leave(front)
+        elif kind == PING:
+            self._send(front, BEAT, None)
+        else:
+            raise wire.WireError("unknown kind")
+        return None
+
+    def _stop_timeout(self, payload: bytes) -> float:
+        timeout, secret = wire.loads(tuple[float, bytes], payload)
+        if not hmac.compare_digest(secret, self.secret):  # in constant time: nothing learnt from how long it took
+            raise wire.WireError("a STOP without this engine's secret (only the front end that started it stops it)")
+        if not (math.isfinite(timeout) and timeout >= 0):
+            raise wire.WireError(f"a STOP's timeout must be finite and >= 0, got {timeout}")
+        return timeout
+
+    def _drop(self, kind: bytes, why: str) -> None:
+        self.dropped += 1
+        if self.dropped <= LOGGED_DROPS or self.dropped % LOGGED_DROPS == 0:
+            log.warning("dropped a malformed message (kind %r; %d so far): %s", kind[:16], self.dropped, why)
+
+    def _add_checked(self, front: bytes, requests: list[EngineRequest]) -> None:
+        """Adds the requests (all or none), or answers each: an ERROR when one breaks a bound, refused when full."""
+        if (problem := self._problem(front, requests)) is not None:
+            log.warning("refused an add of %d requests: %s", len(requests), problem)
+            result = Result(FinishReason.ERROR, error=f"the engine refused the request: {problem}")
+            self._send(front, REPORT, StepReport(tuple(Output(r.id, result=result) for r in requests), StepStats()))
+        elif (refusal := self._add(front, requests)) is not None:  # all or none: every one is told
+            outputs = tuple(Output(r.id, refused=refusal) for r in requests)
+            self._send(front, REPORT, StepReport(outputs, StepStats()))
+
+    def _problem(self, front: bytes, requests: list[EngineRequest]) -> str | None:
+        ids = [r.id for r in requests]
+        if len(set(ids)) != len(ids) or any((front, i) in self.engine_id for i in ids):
+            return "a request id that this front end already uses"
+        for r in requests:
+            if (problem := request_problem(r, self.limits, self.vocab_size)) is not None:
+                return f"request {r.id}: {problem}"
+        return None
 
     def _add(self, front: bytes, requests: list[EngineRequest]) -> str | None:
         """Adds every request or none; QueueFull's message when none."""
@@ -185,17 +256,29 @@ def main(argv: list[str] | None = None) -> int:
         os.sched_setaffinity(0, cpu_list(args.cpus))
     logging.basicConfig(level=args.log_level, stream=sys.stderr,
                         format="%(asctime)s engine[%(process)d] %(levelname)s %(name)s: %(message)s")
-    cfg = wire.loads(EngineConfig, sys.stdin.buffer.read())
     lifeline = socket.socket(fileno=args.lifeline) if args.lifeline is not None else None
-    core = build(cfg)
-    log.info("engine of %s (%s, %s) serving on %s", cfg.bundle, core.info.variant, core.info.provider, args.address)
-    server = EngineServer(core, args.address, lifeline)
-    code = server.serve()
+    try:
+        launch = wire.loads(Launch, sys.stdin.buffer.read())
+        core = build(launch.cfg)
+        limits = launch.limits or _default_limits(launch.cfg)
+        log.info("engine of %s (%s, %s) serving on %s", launch.cfg.bundle, core.info.variant, core.info.provider,
+                 args.address)
+        server = EngineServer(core, args.address, lifeline, limits, launch.secret)
+        code = server.serve()
+    except Exception as e:  # logged here, so the front end's "exited with status 1" has its cause beside it
+        log.critical("the engine failed and exits: %s: %s", type(e).__name__, e, exc_info=True)
+        return 1
     folder = Path(args.address.removeprefix("ipc://")).parent
     if server.orphaned and args.address.startswith("ipc://") and folder.name.startswith(SOCKET_DIR_PREFIX):
         shutil.rmtree(folder, ignore_errors=True)  # the sockets of this engine and of any killed before it
     return code
 
+
+def _default_limits(cfg: EngineConfig) -> Limits:
+    """The limits of `seqserve serve` with its default settings for this bundle and batch size (an engine process
+    started without the server's own: RemoteEngine's callers other than the server)."""
+    settings = Settings(bundle=cfg.bundle, max_batch_size=cfg.scheduler.max_batch_size)
+    return model_limits(settings, load_manifest(cfg.bundle, check_files=False))
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -13,10 +13,9 @@ from seqserve.engine.device import RuntimeConfig
 from seqserve.engine.scheduler import SchedulerConfig
 from seqserve.server.engine_client import start_engine
 from seqserve.server.engine_watch import Silence
-from seqserve.server.front_ends import Role
-from seqserve.server.model_defaults import default_max_new_tokens, info_entries
+from seqserve.server.front_ends import Role, attach_engine
+from seqserve.server.model_defaults import info_entries, model_limits
 from seqserve.server.outbox import Outbox
-from seqserve.server.remote_engine import RemoteEngine
 from seqserve.server.repository import Source, memory_bytes
 from seqserve.server.settings import Limits, Settings, SettingsError, env_name
 
@@ -48,8 +47,7 @@ def load_model(s: Settings, source: Source, threads: int, used: int, role: Role 
     manifest, tokenizer = open_bundle(bundle)
     if s.variant in manifest.variants:  # probed on CPU too: an out-of-range gather may pass silently on a GPU
         check_graphs(bundle, manifest, s.variant)
-    limits = s.limits(int(manifest.model["max_positions"]), int(manifest.max_new_tokens),
-                      default_max_new_tokens(manifest.generation))
+    limits = model_limits(s, manifest)
     memory = memory_bytes(bundle, manifest, s) if s.variant in manifest.variants else 0
     if s.memory_budget_bytes and used + memory > s.memory_budget_bytes:
         raise ModelError(f"model {source.name!r} refused: it may take {memory} bytes and the models already "
@@ -62,11 +60,10 @@ def load_model(s: Settings, source: Source, threads: int, used: int, role: Role 
                        scheduler=SchedulerConfig.from_settings(s, 0), stream_interval=s.stream_interval)
     silence = Silence(s.engine_not_ready_seconds, s.engine_restart_seconds)
     if role is not None:
-        engine = RemoteEngine(cfg, attach=lambda: role.address(source.name, source.digest), name=source.name,
-                              silence=silence)
+        engine = attach_engine(cfg, role, source.name, source.digest, silence)
     else:
         engine = start_engine(cfg, tokenizer, in_process=not s.engine_process, cpus=s.engine_cpus, name=source.name,
-                              silence=silence)
+                              silence=silence, limits=limits)
     return Loaded(source, engine, manifest, tokenizer, limits, memory)
 
 

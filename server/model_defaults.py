@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from seqserve.engine.request import SamplingParams
+from seqserve.server.settings import Limits
 
 
 def default_max_new_tokens(generation: dict) -> int | None:
@@ -33,3 +34,9 @@ def request_defaults(generation: dict, max_new_tokens: int, max_num_beams: int) 
 def info_entries(generation: dict) -> dict:
     """GetModelInfo's config entries for the model's generation defaults, named generation.<field> (typed values)."""
     return {f"generation.{k}": v for k, v in sorted(generation.items())}
+
+
+def model_limits(settings, manifest) -> Limits:
+    """The request limits of a model (its manifest) under these settings: SettingsError for a cap beyond the model's."""
+    return settings.limits(int(manifest.model["max_positions"]), int(manifest.max_new_tokens),
+                           default_max_new_tokens(manifest.generation))

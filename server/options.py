@@ -62,7 +62,7 @@ def sampling_params(o, limits: Limits, defaults: SamplingParams = NO_DEFAULTS,
     _check(penalty in REPETITION_PENALTY,
            f"options.repetition_penalty must be finite and > 0 (in {REPETITION_PENALTY}), got {penalty:g}")
     stop = tuple(o.stop) or defaults.stop
-    _check_stop(stop, limits)
+    check_stop(stop, limits)
     plain = temperature == 0 and not stop and penalty == 1  # a request that samples or stops gets no default beams
     beams, most = _given(o, "num_beams", defaults.num_beams if plain else 1), limits.max_num_beams
     _check(beams <= most, f"options.num_beams must be in [1, {most}] (max_num_beams), got {beams}")
@@ -83,7 +83,8 @@ def sampling_params(o, limits: Limits, defaults: SamplingParams = NO_DEFAULTS,
         return_logprobs=o.return_logprobs, top_logprobs=top)
 
 
-def _check_stop(stop: tuple[str, ...], limits: Limits) -> None:
+def check_stop(stop: tuple[str, ...], limits: Limits) -> None:
+    """The stop strings within their limits (server/request_bounds.py asks the same of an engine process's requests)."""
     most = limits.max_stop_strings
     _check(len(stop) <= most, f"options.stop has {len(stop)} strings, more than max_stop_strings={most}")
     each, total = limits.max_stop_string_bytes, 0

@@ -20,7 +20,6 @@ import logging
 import os
 import shutil
 import subprocess
-import tempfile
 import threading
 import time
 import uuid
@@ -32,20 +31,21 @@ from seqserve.engine import wire
 from seqserve.engine.api import Deliver, EngineInfo, EngineRequest, StepReport
 from seqserve.engine.build import EngineConfig
 from seqserve.server import engine_watch as watch
+from seqserve.server import owned_dirs
 from seqserve.server.engine_held import Held, cancelled
-from seqserve.server.engine_link import Attached, Spawned, hello
+from seqserve.server.engine_link import Attached, Spawned, exit_cause, hello
 from seqserve.server.engine_process import (ABORT, ADD, BYE, HELLO, PING, REPORT, SOCKET_DIR_PREFIX, STOP,
                                               STOP_MARGIN_SECONDS, STOPPED)
 from seqserve.server.engine_watch import RESTART_DELAYS as RESTART_DELAYS
 from seqserve.server.engine_watch import STABLE_SECONDS, Silence, Watch
 from seqserve.server.engine_watch import restart_delay as restart_delay
 from seqserve.server.mailbox import Mailbox
+from seqserve.server.settings import Limits
 
 log = logging.getLogger("seqserve.server.remote_engine")
 
 START_SECONDS = 600.0  # an engine process loads and warms up its model within this
 ATTACH_RETRY_SECONDS = 0.2  # an attached front end looks this often for the engine that replaced a dead one
-EXIT_SECONDS = 1.0  # how long a dead engine's exit status is waited for (its lifeline closes as it exits)
 OnState = Callable[[bool, "str | None"], None]  # (ready, why a restart began: its cause, for the metric)
 
 
@@ -55,19 +55,20 @@ class RemoteEngine:
 
     def __init__(self, cfg: EngineConfig, start_seconds: float = START_SECONDS, cpus: str = "",
                  attach: Callable[[], str | None] | None = None, name: str = "",
-                 silence: Silence = Silence()) -> None:
+                 silence: Silence = Silence(), limits: Limits | None = None) -> None:
         """attach: instead of starting an engine process, connect to the one another front end started; it gives that
         engine's address now (None while it has none), and is asked again when the engine went away. name: the
-        model's, for what its calls hear; silence: the bounds on an engine that answers nothing."""
+        model's, for what its calls hear; silence: the bounds on an engine that answers nothing; limits: those its
+        requests keep (the engine checks each again)."""
         self.cfg, self.cpus, self._attach, self.name, self.start_seconds = cfg, cpus, attach, name, start_seconds
+        self.limits = limits
         self.on_up: Callable[[str], None] | None = None  # an engine this one started (again) serves at this address
         self.on_state: OnState | None = None  # from the socket thread: ready or not, and a restart's cause
         self.ready = True  # the engine answers (False while it is silent past the bound, or down)
         self._watch = Watch(silence)
         self._cause: str | None = None  # why the engine is down (for the calls that arrive meanwhile)
         self.held = Held(cfg.scheduler.max_batch_size + cfg.scheduler.max_waiting, self._hand)
-        # mode 0700: only this user reaches the socket
-        self._dir = tempfile.mkdtemp(prefix=SOCKET_DIR_PREFIX) if attach is None else None
+        self._dir = str(owned_dirs.make(SOCKET_DIR_PREFIX)) if attach is None else None  # 0700: this user only
         self._ctx = zmq.Context()
         self._identity = f"front-{os.getpid()}-{uuid.uuid4().hex}".encode()
         self._starts = itertools.count(1)
@@ -153,7 +154,7 @@ class RemoteEngine:
                 raise RuntimeError(f"no engine to attach to for {self.cfg.bundle}")
             return Attached(self._ctx, address, self._identity)
         address = f"ipc://{self._dir}/engine-{next(self._starts)}.sock"  # a fresh one: nothing stale reaches it
-        return Spawned(self._ctx, self.cfg, address, self._identity, self.cpus)
+        return Spawned(self._ctx, self.cfg, address, self._identity, self.cpus, self.limits)
 
     def _loop(self) -> None:
         while True:
@@ -240,7 +241,7 @@ class RemoteEngine:
             self._stopping = True
             if up and self._attach is None:
                 self._stop_deadline = time.monotonic() + command[1] + STOP_MARGIN_SECONDS
-                engine.sock.send_multipart([STOP, wire.dumps(float(command[1]))])
+                engine.sock.send_multipart([STOP, wire.dumps([float(command[1]), engine.secret])])
                 return False
             if up:  # attached: not ours to stop, this front end leaves it
                 engine.sock.send_multipart([BYE, wire.dumps(None)])
@@ -280,7 +281,7 @@ class RemoteEngine:
     def _died(self, engine: Spawned | Attached, cause: str | None = None) -> bool:
         """The engine process is gone (cause HUNG: killed here for its silence): what it held ends UNAVAILABLE saying
         why, its model is not ready, and a restart is scheduled. True if stopping."""
-        code = engine.close(kill=True, wait=0.0 if cause else EXIT_SECONDS)  # its status says how it ended
+        code = engine.close(kill=True)  # one exiting of itself is given the time to say how it ended
         self._engine = None
         self._up.clear()
         if self._attach is None and cause is None:
@@ -295,13 +296,14 @@ class RemoteEngine:
             self._state(False)
             return self._stopping
         if self._stopping:
-            log.error("engine process %d exited with status %s while draining", engine.process.pid, code)
+            log.error("engine process %d %s while draining", engine.process.pid, exit_cause(code))
             self._stop_ok = True
             return True
         delay = self._watch.restart_delay(engine.up and time.monotonic() - engine.started >= STABLE_SECONDS)
         self._restart_at = time.monotonic() + delay
-        log.error("engine process %d %s (exit status %s): its %d requests end UNAVAILABLE; restarting it in %.0f s",
-                  engine.process.pid, watch.WHAT[cause], code, n, delay)
+        how = watch.WHAT[cause] if cause == watch.HUNG else exit_cause(code)
+        log.error("engine process %d %s: its %d requests end UNAVAILABLE; restarting it in %.0f s",
+                  engine.process.pid, how, n, delay)
         self._state(False, cause)
         return False
 

@@ -27,10 +27,11 @@ async def _serve(settings: Settings) -> int:
         return 0
     role = Role.from_environ()  # an attached front end (server/front_ends.py), or None
     if role is not None:
-        settings = dataclasses.replace(settings, metrics_port=metrics_port(settings.metrics_port, role.index))
+        settings = dataclasses.replace(settings, metrics_port=metrics_port(settings.metrics_port, role.index),
+                                       port=role.port)  # the first's (it may have picked it: --port 0)
     app = App(settings, role=role)
     reloads: set[asyncio.Task] = set()
-    watching = loop.create_task(watch_first(os.getppid(), stop.set)) if role is not None else None
+    watching = loop.create_task(watch_first(os.getppid(), stop.set, role)) if role is not None else None
 
     def reload() -> None:  # one re-read at a time (App.reload's lock); a SIGHUP during one queues the next
         task = loop.create_task(app.reload())

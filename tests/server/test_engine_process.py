@@ -201,7 +201,7 @@ def test_a_killed_engine_ends_its_requests_and_is_restarted(remote, tokenizer, c
         result = reports.result(r.id)
         assert result.finish_reason is FinishReason.CANCELLED and "engine" in result.error and "restart" in result.error
     assert engine.wait_up(WAIT) and engine.process.pid != pid
-    assert "was killed by a signal (exit status -9): its 2 requests end UNAVAILABLE; restarting" in caplog.text
+    assert "was killed by SIGKILL: its 2 requests end UNAVAILABLE; restarting" in caplog.text
     [after] = _requests(tokenizer, SamplingParams(max_new_tokens=20), sources=SOURCES[:1])
     result = _run(engine, reports, [after])[0][0]
     assert result.finish_reason in (FinishReason.EOS, FinishReason.LENGTH) and result.token_ids

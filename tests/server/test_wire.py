@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+import msgpack
 import pytest
 
 from seqserve.engine import wire
@@ -89,3 +90,39 @@ def test_types_survive_not_only_values():
 def test_a_message_with_the_wrong_shape_is_refused():
     with pytest.raises(ValueError, match="StepStats"):
         wire.loads(StepStats, wire.dumps([1, 2]))
+
+
+def _plain_request(**change) -> list:
+    """REQUEST as msgpack carries it, with some of its values replaced (by index: id 0, input_ids 1, params 2, ...)."""
+    plain = msgpack.unpackb(wire.dumps(REQUEST))
+    for index, value in change.items():
+        plain[int(index.removeprefix("f"))] = value
+    return plain
+
+
+MALFORMED = {  # what an engine process may read from its socket: each is WireError, never another exception
+    "truncated": wire.dumps([REQUEST])[:-3], "trailing bytes": wire.dumps([REQUEST]) + b"\x00",
+    "not msgpack": b"\xc1", "deep nesting": b"\x91" * 100_000 + b"\xc0", "a map key that is a list": b"\x81\x90\x00",
+    "a string for the list": msgpack.packb("requests"), "a string for an id": msgpack.packb([_plain_request(f0="1")]),
+    "a bool for an id": msgpack.packb([_plain_request(f0=True)]),
+    "a float for an id": msgpack.packb([_plain_request(f0=1.5)]),
+    "a string for the ids": msgpack.packb([_plain_request(f1="abc")]),
+    "a string for a float": msgpack.packb([_plain_request(f2=[*_plain_request()[2][:2], "hot",
+                                                              *_plain_request()[2][3:]])]),
+    "params cut short": msgpack.packb([_plain_request(f2=[1, 2])]),
+    "a request cut short": msgpack.packb([_plain_request()[:3]]),
+    "a map for the request": msgpack.packb([{"id": 1}]),
+}
+
+
+@pytest.mark.parametrize("data", MALFORMED.values(), ids=MALFORMED.keys())
+def test_a_malformed_message_raises_wire_error_only(data):
+    with pytest.raises(wire.WireError):
+        wire.loads(list[EngineRequest], data)
+
+
+def test_an_unknown_enum_value_or_a_wrong_tuple_is_wire_error():
+    with pytest.raises(wire.WireError, match="FinishReason"):
+        wire.loads(Result, msgpack.packb(["exploded", [], 0, 0, 0, 0.0, 0.0, 0.0, None]))
+    with pytest.raises(wire.WireError, match="tuple of 3 items, expected 2"):
+        wire.loads(tuple[int, bool], msgpack.packb([1, True, 3]))
