@@ -27,13 +27,14 @@ import numpy as np
 
 from seqserve.contract import names
 from seqserve.contract.scoring import score
-from seqserve.engine.nbest import BeamResult, NBest, top_alternatives
-from seqserve.engine.nbest import best as _best
+from seqserve.engine.nbest import BeamResult, NBest
 from seqserve.engine.request import Request
 from seqserve.engine.rule import Rows
 from seqserve.engine.runner import Runner
 from seqserve.engine.step_output import StepOutput
 from seqserve.engine.token_rules import TokenRules
+from seqserve.engine.top_k import best as _best
+from seqserve.engine.top_k import top_alternatives
 
 CANDIDATES_PER_BEAM = 2  # HF keeps 2 x num_beams candidates (one end token)
 

@@ -13,10 +13,11 @@ from tokenizers import Tokenizer
 
 from seqserve.contract.scoring import score
 from seqserve.engine.detokenizer import TextStream
-from seqserve.engine.nbest import Hypothesis, top_alternatives
+from seqserve.engine.nbest import Hypothesis
 from seqserve.engine.request import FinishReason, Output, Request, RequestStatus, Result, Sequence, TokenLogprob
 from seqserve.engine.running import Running
 from seqserve.engine.stats import Stats
+from seqserve.engine.top_k import top_alternatives
 
 
 def end(request: Request, reason: FinishReason, now: float, error: str | None = None,

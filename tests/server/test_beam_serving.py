@@ -120,7 +120,7 @@ def test_rows_and_cache_return_to_idle_after_beams_including_cancelled(make_serv
     assert s.metric("seqserve_kv_cache_bytes") > 0, "their cache counted"
     (row,) = s.engine.scheduler.running
     stream.cancel()
-    wait_for(lambda: row.cancelled, what="the cancel to reach the request")
+    gate.wait_aborted(row.id)
     gate.open()
     wait_for(lambda: s.metric("seqserve_running_requests") == 0, what="the cancelled beams to leave")
     wait_for(lambda: s.metric("seqserve_kv_cache_bytes") == 0, what="their cache freed")

@@ -27,7 +27,6 @@ def test_no_engine_class_inherits_from_another_engine_class():
                  if isinstance(node, ast.ClassDef) for base in node.bases
                  if isinstance(base, ast.Name) and base.id in own]
     assert inherited == []
-    assert not (ENGINE / "stepping.py").exists()
 
 
 def test_only_outputs_py_builds_events_and_results():

@@ -191,7 +191,7 @@ def test_a_signal_during_start_up_exits_0(tiny_bundle, tmp_path):
 def test_importing_the_server_does_not_import_torch():
     """Nor transformers or sentencepiece (the hf extra is for `seqserve import` and the tests only)."""
     code = ("import sys, seqserve.server.app, seqserve.server.service, seqserve.engine.engine, seqserve.cli.main\n"
-            "import seqserve.client.client, seqserve.server.settings, seqserve.engine.constraints\n"
+            "import seqserve.client.client, seqserve.server.settings, seqserve.engine.token_rules\n"
             "import seqserve.server.model_defaults, seqserve.contract.integrity\n"
             "seqserve.cli.main.build_parser()\n"
             "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers', 'sentencepiece'))\n"
