@@ -195,17 +195,22 @@ def _emitted(eng: Engine, sources: list[list[int]]) -> dict[str, list[int]]:
     return {kind: [t for r in rs for s in r.sequences for t in s.token_ids] for kind, rs in requests.items()}
 
 
+def _use(eng: Engine, rules: TokenRules) -> None:
+    """The list every decider reads (as TokenRules.for_model would build it with the rule's line added)."""
+    eng.rules = eng.choice.rules = eng.choice.greedy.rules = eng.choice.sampler.rules = eng.beams.rules = rules
+
+
 def test_a_rule_added_to_the_list_acts_on_greedy_sampled_and_beam_rows_alike(engine_and_sources):
     eng, sources = engine_and_sources
     before = _emitted(eng, sources)
     banned = Counter(before["greedy"]).most_common(1)[0][0]  # the greedy rows' commonest token
     assert all(banned in ids for ids in before.values())  # every kind of row emits it without the rule
-    model_rules = eng.choice.rules
-    eng.choice.rules = eng.beams.rules = model_rules + BanOne(banned)
+    model_rules = eng.rules
+    _use(eng, model_rules + BanOne(banned))
     try:
         after = _emitted(eng, sources)
     finally:
-        eng.choice.rules = eng.beams.rules = model_rules
+        _use(eng, model_rules)
     assert all(ids and banned not in ids for ids in after.values())
     assert _emitted(eng, sources) == before  # without it, as before
 
