@@ -122,7 +122,7 @@ class Request:
     input_ids: list[int]  # source ids as the encoder sees them (ending with the end token)
     params: SamplingParams = field(default_factory=SamplingParams)
     stream: bool = False  # True: an Output per step with the new text; False: only the final Output
-    deadline: float | None = None  # time.monotonic() by which the request must end
+    deadline: float | None = None  # time.monotonic() by which the request must end (the scheduler's deadline heap)
     forced_bos: int | None = None  # this row's forced first token (the target language's), over the model's own
     id: int = field(default_factory=lambda: next(_ids))
     arrival: float = field(default_factory=time.monotonic)
@@ -130,9 +130,6 @@ class Request:
     result: Result | None = None  # once FINISHED: what the final Output carried (engine/outputs.py sets it)
     scheduled_at: float | None = None  # admitted into the running batch
     first_token_at: float | None = None
-
-    def expired(self, now: float) -> bool:
-        return self.deadline is not None and now >= self.deadline
 
     @property
     def n_input_tokens(self) -> int:
