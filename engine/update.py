@@ -44,8 +44,9 @@ class TokenChoice:
         slots, hi = self.runner.slots, self.runner.slots.hi
         single = slots.live[:hi] & ~self.beams.owns() if beaming else slots.live[:hi]  # (hi,) beams: advance
         lps = {rec: log_softmax(out.logits[rec.slot]) for rec in scored}  # the model's, before anything masks them
-        # greedy rows: the rules on their logits in place (sampled rows: on a float64 copy; beams: on log-probs)
-        chosen = self.greedy.choose(out, Rows.of(slots, hi), single & ~slots.sampled[:hi])
+        greedy = single & ~slots.sampled[:hi]  # (hi,) the rules act on their logits in place (sampled rows: on a
+        # float64 copy; beams: on log-probabilities)
+        chosen = self.greedy.choose(out, Rows.of(slots, hi), greedy) if greedy.any() else np.zeros(hi, np.int64)
         if sampled:  # (each kind is skipped outright when no row of it runs: batch 1 pays per call)
             each(sampled, lambda rec: self.sampler.choose(rec, out.logits, chosen))
         return chosen, single, lps
