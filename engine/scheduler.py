@@ -110,6 +110,10 @@ class Scheduler:
 
     def _abandon(self, now: float) -> tuple[list[Request], list[Request]]:
         """Drains the aborts and the passed deadlines: (running requests ended, waiting requests ended)."""
+        if len(self._deadlines) > 2 * (len(self._running) + len(self.waiting)) + 64:  # amortised: ended requests'
+            held = {*self._running, *(r.id for r in self.waiting)}  # entries go once they outnumber the held ones
+            self._deadlines = [e for e in self._deadlines if e[1] in held]
+            heapq.heapify(self._deadlines)
         reasons: dict[int, FinishReason] = {}
         while self._aborts:
             rid, by_deadline = self._aborts.popleft()

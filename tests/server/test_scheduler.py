@@ -110,6 +110,18 @@ def test_a_deadline_ends_its_request_at_the_first_schedule_after_it_and_not_befo
     assert s.schedule(now=6.0).abandoned == [] and late.finish_reason is FinishReason.DEADLINE
 
 
+def test_the_deadline_heap_forgets_requests_that_ended_long_before_their_deadline():
+    """A generous deadline (an hour) on every call must not keep every ended call in the heap for that hour."""
+    s = Scheduler(SchedulerConfig(max_batch_size=1))
+    for i in range(1000):
+        r = req(deadline=3600.0)
+        s.add([r])
+        assert s.schedule(now=float(i)).admitted == [r]
+        end(r, FinishReason.EOS, float(i))
+        s.retire([r])
+    assert len(s._deadlines) <= 2 * 1 + 64 + 1  # (the heap itself: nothing outside reads it)
+
+
 def test_encode_ahead_takes_waiting_requests_in_order_within_the_byte_budget():
     """The encoder runs only when a joining row has no K/V; then it also takes the queue's head, in FCFS order, until
     encode_batch or the byte budget stops it, and never skips a request to fit a later one."""
