@@ -75,7 +75,8 @@ def test_a_step_returns_its_report_every_output_it_made_and_its_figures(parts):
     reports = run(e, [streamed, unary])
     outs = [o for r in reports for o in r.outputs]
     pieces = [o for o in outs if o.request_id == streamed.id and o.result is None]
-    assert [t for o in pieces for t in o.token_ids] == streamed.output_ids and all(len(o.token_ids) == 1 for o in pieces)
+    assert [t for o in pieces for t in o.token_ids] == streamed.output_ids
+    assert all(len(o.token_ids) == 1 for o in pieces)  # stream_interval 1: each step's token in that step's report
     assert "".join(o.text for o in pieces) == streamed.text
     assert [o.result for o in outs if o.request_id == unary.id] == [unary.result]  # unary: its one last output
     assert [o.result for o in outs if o.result is not None and o.request_id == streamed.id] == [streamed.result]

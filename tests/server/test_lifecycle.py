@@ -138,8 +138,8 @@ def test_signal_drains_in_flight_calls_and_exits_0(tiny_bundle, heldout, sig, tm
     env = {k: v for k, v in os.environ.items() if not k.startswith("SEQSERVE_")}
     env |= {"SEQSERVE_GRACE_SECONDS": "30", "SEQSERVE_DEVICE": "cpu"}  # settings through the environment too
     hold = tmp_path / "hold"
-    proc = subprocess.Popen([sys.executable, "-c", HELD_SERVE, str(hold), "serve", "--bundle", str(tiny_bundle), "--bind",
-                             "127.0.0.1", "--port", "0", "--metrics-port", "-1"], cwd=REPO, env=env,
+    proc = subprocess.Popen([sys.executable, "-c", HELD_SERVE, str(hold), "serve", "--bundle", str(tiny_bundle),
+                             "--bind", "127.0.0.1", "--port", "0", "--metrics-port", "-1"], cwd=REPO, env=env,
                             stderr=subprocess.PIPE, text=True)
     log, port, listening = follow_log(proc)
     try:
