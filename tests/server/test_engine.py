@@ -68,6 +68,13 @@ def test_more_requests_than_the_queue_holds_are_fed_as_it_drains(parts):
     assert [r.output_ids for r in done] == alone and all(r.done for r in done)
 
 
+def test_an_offline_engine_counts_encode_ahead_in_the_models_bytes(parts):
+    runner, tok, _ = parts
+    e = offline(runner, tok, max_batch_size=2)
+    assert e.scheduler.cfg.cross_bytes_per_token == runner.cross_bytes_per_token > 0
+    assert e.scheduler.cfg.max_batch_size == 2 and offline(runner, tok).scheduler.cfg.max_batch_size == 8  # capacity
+
+
 def test_a_step_returns_its_report_every_output_it_made_and_its_figures(parts):
     runner, tok, sources = parts
     e = engine(runner, tok, max_batch_size=4)

@@ -80,3 +80,16 @@ def test_a_step_returns_its_report_and_nothing_else_carries_outputs_back():
     assert [w for w in ("Sink", "NO_SINK", "on_step", "flush(", "_Outputs") if w in source] == []
     step = [fn for fn in ast.walk(_tree("engine.py")) if isinstance(fn, ast.FunctionDef) and fn.name == "step"]
     assert ast.unparse(step[0].returns) == "StepReport"
+
+
+def test_checks_and_loadtest_make_their_engines_through_the_one_offline_entry():
+    """engine/build.py `offline` (which always sets the model's cross_bytes_per_token): no hand-built Engine or
+    Scheduler outside the engine."""
+    built = sorted(f"{f.parent.name}/{f.name}" for folder in ("checks", "loadtest")
+                   for f in (ENGINE.parent / folder).glob("*.py")
+                   for node in ast.walk(ast.parse(f.read_text())) if isinstance(node, ast.Call)
+                   and isinstance(node.func, ast.Name) and node.func.id in ("Engine", "Scheduler"))
+    assert built == []
+    offline_users = {f.name for folder in ("checks", "loadtest") for f in (ENGINE.parent / folder).glob("*.py")
+                     if "offline(" in f.read_text()}
+    assert {"quality.py", "bench_rows.py", "engine_profile.py", "node_profile.py"} <= offline_users
