@@ -19,10 +19,9 @@ from seqserve.contract.manifest import Manifest, load_manifest
 from seqserve.contract.tokenizer import load_tokenizer
 from seqserve.contract.tsv import HELDOUT, heldout_pairs
 from seqserve.engine.device import RuntimeConfig
-from seqserve.engine.engine import Engine
+from seqserve.engine.build import offline
 from seqserve.engine.request import FinishReason, Request, SamplingParams
 from seqserve.engine.runner import Runner
-from seqserve.engine.scheduler import Scheduler, SchedulerConfig
 from seqserve.engine.slots import Joining
 from seqserve.export import variants as vr
 
@@ -39,7 +38,7 @@ FP16_CPU_NOTE = ("runs on the CPU provider, but onnxruntime has no float16 CPU k
 
 def generate(runner: Runner, tokenizer: Tokenizer, sources: list[list[int]], max_new_tokens: int) -> list[Request]:
     """Greedy generation through the server's engine; every request is finished on return."""
-    engine = Engine(runner, tokenizer, Scheduler(SchedulerConfig(max_batch_size=min(BATCH, runner.slots.capacity))))
+    engine = offline(runner, tokenizer, max_batch_size=min(BATCH, runner.slots.capacity))
     return engine.generate([Request(list(s), SamplingParams(max_new_tokens=max_new_tokens)) for s in sources])
 
 

@@ -27,13 +27,14 @@ import numpy as np
 
 from seqserve.contract import names
 from seqserve.contract.scoring import score
-from seqserve.engine.nbest import BeamResult, NBest, top_alternatives
-from seqserve.engine.nbest import best as _best
+from seqserve.engine.nbest import BeamResult, NBest
 from seqserve.engine.request import Request
 from seqserve.engine.rule import Rows
 from seqserve.engine.runner import Runner
 from seqserve.engine.step_output import StepOutput
 from seqserve.engine.token_rules import TokenRules
+from seqserve.engine.top_k import best as _best
+from seqserve.engine.top_k import top_alternatives
 
 CANDIDATES_PER_BEAM = 2  # HF keeps 2 x num_beams candidates (one end token)
 
@@ -100,7 +101,7 @@ class Beams:
         return lp, np.zeros_like(top), np.zeros_like(log_z)
 
     def owns(self) -> np.ndarray:
-        """(hi,) bool: the rows whose token this component chooses (the engine skips them)."""
+        """(hi,) bool: the rows whose token this component chooses (the other deciders skip them)."""
         return self._owner[: self.runner.slots.hi] != 0
 
     def drop(self, request_id: int) -> None:
@@ -137,10 +138,9 @@ class Beams:
         lp = _shifted(raw, top, np.arange(rows.size)[:, None], idx) - log_z[:, None]  # (R, k)
         return idx, lp, tops
 
-    def advance(self, logits: np.ndarray | StepOutput, now: float) -> list[BeamResult]:
+    def advance(self, logits: np.ndarray | StepOutput) -> list[BeamResult]:
         """One step for every beam request: select, reorder the caches by index, append the chosen tokens.
-        Returns the beam requests that ended this step (their rows are still placed; the engine retires them).
-        now is unused: a request's timings are the engine's."""
+        Returns the beam requests that ended this step (their rows are still placed; the engine retires them)."""
         slots, eos = self.runner.slots, self.eos_id
         beam = self._beam[: slots.hi]
         rows = np.flatnonzero(beam)  # (R,) every live beam of every beam request

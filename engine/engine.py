@@ -1,9 +1,10 @@
-"""The engine: one step = schedule -> execute -> update -> output, composed of its collaborators.
+"""The engine: one step = schedule -> execute -> choose tokens -> report, composed of its collaborators.
 
 Requests join and leave the running batch between any two steps. onnxruntime runs in the engine's thread
-(engine/loop.py; it releases the GIL), so the edge is never blocked by inference. The scheduler decides who runs,
-the runner executes (engine/isolation.py confines a failure to the requests that cause it), TokenChoice
-(engine/update.py) picks every row's token, and engine/outputs.py writes everything that goes back.
+(engine/loop.py; it releases the GIL), so the edge is never blocked by inference. The scheduler decides who runs
+(and drains the aborts), the runner executes (engine/isolation.py confines a failure to the requests that cause it),
+TokenChoice (engine/update.py) asks each kind of row's decider for its tokens, engine/outputs.py writes everything
+that goes back, and step() returns it all as one StepReport. A request that ends leaves in one place (_retire).
 """
 from __future__ import annotations
 
@@ -15,19 +16,20 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from seqserve.engine import finish
+from seqserve.engine.api import StepReport
 from seqserve.engine.beam import Beams
-from seqserve.engine.constraints import Constraints
 from seqserve.engine.isolation import Isolation
 from seqserve.engine.loop import Loop
 from seqserve.engine.nbest import BeamResult
-from seqserve.engine.outputs import Outputs
-from seqserve.engine.request import FinishReason, Request, RequestStatus
+from seqserve.engine.outputs import Outputs, end
+from seqserve.engine.request import FinishReason, Request
 from seqserve.engine.runner import Runner
 from seqserve.engine.running import Running, views
 from seqserve.engine.scheduler import Plan, Scheduler
 from seqserve.engine.slots import Joining
 from seqserve.engine.stats import Stats
 from seqserve.engine.step_output import Need, StepOutput
+from seqserve.engine.token_rules import TokenRules
 from seqserve.engine.update import TokenChoice
 
 log = logging.getLogger(__name__)
@@ -36,26 +38,23 @@ log = logging.getLogger(__name__)
 class Engine:
     def __init__(self, runner: Runner, tokenizer: Tokenizer, scheduler: Scheduler, stream_interval: int = 1):
         self.runner, self.scheduler, self.tokenizer = runner, scheduler, tokenizer
-        special = runner.manifest.special_tokens
-        self.eos_id = special["eos_id"]
-        self.constraints = Constraints.from_generation(  # the model's token rules; a target language per row
-            runner.manifest.generation, per_row_first=bool(runner.manifest.languages))
-        rules = self.constraints.rules(special)  # engine/token_rules.py: every row's token rules, in order
-        self.beams = Beams(runner, self.eos_id, rules)
-        self.choice = TokenChoice(runner, rules, self.constraints.never_sampled(special), self.eos_id, self.beams)
-        self.stats = Stats()  # this step's figures, plain numbers: taken by whoever reports the step (core.py)
+        manifest = runner.manifest
+        self.eos_id = manifest.special_tokens["eos_id"]
+        self.rules = TokenRules.for_model(  # every row's token rules, in order; a target language per row
+            manifest.generation, manifest.special_tokens, per_row_first=bool(manifest.languages))
+        self.beams = Beams(runner, self.eos_id, self.rules)
+        self.choice = TokenChoice(runner, self.rules, self.beams)
+        self.stats = Stats()  # this step's figures, plain numbers: taken into the step's report
         self.outputs = Outputs(tokenizer, self.eos_id, stream_interval)
-        self.isolation = Isolation(runner, self.stats, self._end_error, lambda slot: self._placed[
+        self.isolation = Isolation(runner, self.stats, self._end_error, self._retire, lambda slot: self._placed[
             runner.slots.owners[slot]])
         self.loop = Loop(self.step, scheduler.has_work, self._recover, self._drain)
-        self.on_step = None  # called on the engine thread at the end of every step
-        self.gauges = (None, None, None)  # rows running, requests waiting, KV bytes, as the last step set them
         self._cross: dict[int, object] = {}  # encode-ahead: each encoded source's cross K/V by request id
-        self._placed: dict[int, Request] = {}  # requests holding rows, by id (until the scheduler retires them)
+        self._placed: dict[int, Request] = {}  # requests holding rows, by id (until retired)
         self._running: dict[Request, Running] = {}  # every running greedy or sampled request's record
         self._views: tuple[list[Running], ...] | None = None  # running.views: None when a record joined or left
-        self._ended: list[Request] = []  # running requests ended this step: the next schedule retires them
-        self._ended_waiting: list[Request] = []  # waiting requests this engine ended (their encoder failed)
+        self._beaming: set[int] = set()  # running beam requests: a step without any calls no beam code
+        self._ended: list[Request] = []  # requests ended this step: retired, and reported, at its end
         self._fresh: list[Request] = []  # requests admitted this step: their first token comes from this step
         self._last_step_at: float | None = None
 
@@ -77,13 +76,14 @@ class Engine:
     def after_step(self, hook) -> None:
         self.loop.after_step = hook
 
-    @property
-    def _thread(self):
-        return self.loop.thread
-
     def submit(self, requests: list[Request]) -> None:
         """Queues every request or none (raises QueueFull when they do not fit the waiting queue); wakes the loop."""
         self.scheduler.add(requests)
+        self.loop.wake()
+
+    def abort(self, request_id: int, deadline: bool = False) -> None:
+        """From any thread: a message the next step's schedule drains (Scheduler.abort); wakes the loop."""
+        self.scheduler.abort(request_id, deadline)
         self.loop.wake()
 
     def generate(self, requests: list[Request]) -> list[Request]:
@@ -95,23 +95,20 @@ class Engine:
             self.step()
         return requests
 
-    def step(self) -> None:
-        plan = self.scheduler.schedule(time.monotonic(), self._ended)
-        self._ended = []
+    def step(self) -> StepReport:
+        """One step: its report holds every Output it made and its figures."""
+        plan = self.scheduler.schedule(time.monotonic())
+        self._ended += plan.abandoned + plan.dropped
+        self._retire(self._ended)  # their rows are free for this step's admissions
         self._place(plan)
         if self.runner.slots.n_live:
             out = self.isolation.run(self._need())
             if out is not None:
                 self._update(out, time.monotonic())
-        self._output(plan)
+        return self._report()
 
     def _place(self, plan: Plan) -> None:
-        """Frees the rows that left, runs the encoder (admitted rows without K/V, and some ahead), places rows."""
-        self.runner.retire([r.id for r in plan.retired])
-        for r in plan.retired:
-            self._forget(r)
-        for r in plan.dropped:
-            self._cross.pop(r.id, None)  # an encoded source that never ran frees its K/V here
+        """Runs the encoder (admitted rows without K/V, and some ahead) and places the admitted rows."""
         if plan.encode:
             self._encode(plan.encode)
         admitted = [r for r in plan.admitted if not r.done]
@@ -126,22 +123,16 @@ class Engine:
         self._cross.update(cross)
         self.stats.input_tokens += sum(r.n_input_tokens for r in requests if r.id in cross)
         self.scheduler.unencode(failed)
-        for r in failed:
-            running = r.status is RequestStatus.RUNNING  # also retired by the next schedule
-            if self.outputs.end(r, FinishReason.ERROR, time.monotonic(), finish.ERROR_MESSAGE):
-                (self._ended if running else self._ended_waiting).append(r)
+        for r in failed:  # admitted or waiting: either way it ends here and leaves at the step's end
+            self._end_error(r)
 
     def _join(self, r: Request) -> None:
         """A request placed in the batch: a beam request joins the beam component, any other gets its record."""
         if r.n_rows > 1:
+            self._beaming.add(r.id)
             self.beams.admit([r])
             return
         self._running[r], self._views = self.outputs.record(r), None
-
-    def _forget(self, r: Request) -> None:
-        """A retired request: its state and its place."""
-        self._forget_state(r)
-        self._placed.pop(r.id, None)
 
     def _records(self) -> tuple[list[Running], ...]:
         if self._views is None:
@@ -150,7 +141,7 @@ class Engine:
 
     def _need(self) -> Need:
         sampled, scored = self._records()[:2]
-        return self.choice.need(sampled, scored)
+        return self.choice.need(sampled, scored, bool(self._beaming))
 
     def _update(self, out: StepOutput, now: float) -> None:
         """Chooses every row's token, appends it, and ends the rows a finish rule says are done."""
@@ -158,7 +149,7 @@ class Engine:
         sampled, scored, texted, tracked = self._records()
         for rec in tracked:  # the records this step reads by row (plain greedy rows cost nothing here)
             rec.slot = slots.slot_of(rec.request.id)
-        chosen, single, lps = self.choice.choose(out, sampled, scored, each)
+        chosen, single, lps = self.choice.choose(out, sampled, scored, each, bool(self._beaming))
         codes = np.where(single, finish.after_token(chosen, slots.length[:hi], slots.max_new[:hi], self.eos_id), 0)
         if scored:
             each(scored, lambda rec: self.outputs.logprob(rec, int(chosen[rec.slot]), lps[rec]))
@@ -177,7 +168,7 @@ class Engine:
                  if (rec := self._running.get(self._placed.get(slots.owners[s]))) is not None]
         if ended:
             each(ended, lambda rec: self._finish(rec, finish.REASONS[int(codes[rec.slot])], now))
-        generated = int(appended.sum()) + self._advance_beams(out, now)
+        generated = int(appended.sum()) + (self._advance_beams(out, now) if self._beaming else 0)
         self.stats.generated_tokens += generated  # EOS is not returned, so not counted: equals usage
         self._tick(now)
 
@@ -190,7 +181,7 @@ class Engine:
         """Every beam request takes its step (engine/beam.py: one vector step for them all, so a failure there is no
         one request's and ends them all); those that ended get their result. Returns their tokens (usage)."""
         try:
-            ended = self.choice.advance(out, now)
+            ended = self.choice.advance(out)
         except Exception:
             log.exception("beam step failed; ending the beam requests")
             self.isolation.fail(np.flatnonzero(self.beams.owns()).tolist())
@@ -203,15 +194,23 @@ class Engine:
         self._end(b.request, b.finish_reason, now, sequences=sequences, generated=b.generated)
 
     def _end(self, r: Request, reason: FinishReason, now: float, **result) -> None:
-        """Ends a running request with its result; the next schedule retires its rows."""
-        if self.outputs.end(r, reason, now, **result):
-            self._forget_state(r)
+        """Ends a request with its result; it is retired, and its last Output reported, at the step's end."""
+        if end(r, reason, now, **result):
             self._ended.append(r)
 
-    def _forget_state(self, r: Request) -> None:
-        if self._running.pop(r, None) is not None:
-            self._views = None
-        self.beams.drop(r.id)
+    def _retire(self, requests: list[Request]) -> None:
+        """The one place a request that ended leaves: its rows, its cross K/V, its record or beams, and the
+        scheduler's books (each part forgets a request once; a second call changes nothing)."""
+        self.runner.retire([r.id for r in requests])
+        self.scheduler.retire(requests)
+        for r in requests:
+            self._cross.pop(r.id, None)  # an encoded source that never ran frees its K/V here
+            self._placed.pop(r.id, None)
+            if self._running.pop(r, None) is not None:
+                self._views = None
+            elif r.id in self._beaming:
+                self._beaming.discard(r.id)
+                self.beams.drop(r.id)
 
     def _end_error(self, r: Request) -> None:
         self._end(r, FinishReason.ERROR, time.monotonic(), error=finish.ERROR_MESSAGE)
@@ -229,26 +228,24 @@ class Engine:
             self.stats.inter_token_seconds.append(now - self._last_step_at)  # once per step: rows share it
         self._last_step_at = now
 
-    def _output(self, plan: Plan) -> None:
-        """Once per step: finishes are counted (each once, in the step it ended), gauges are set, then every touched
-        sink hands its events on (so a client that has its answer finds it counted, and its rows freed)."""
-        self.runner.retire([r.id for r in self._ended])  # the next schedule retires them from the scheduler
-        ended = [*self._ended, *plan.abandoned, *plan.dropped, *self._ended_waiting]
-        self._ended_waiting.clear()
-        self.gauges = (self.runner.slots.n_live, self.scheduler.n_waiting, self.runner.nbytes)
+    def _report(self) -> StepReport:
+        """Once per step: the requests that ended leave, and the report carries every Output (each end counted once)
+        and the figures, with the gauges as the step left them."""
+        ended, self._ended = self._ended, []
+        self._retire(ended)
         if not self.runner.slots.n_live:
             self._last_step_at = None  # an idle gap is not an inter-token latency
-        self.outputs.hand_off(ended, self.stats, self.on_step)
+        outputs = self.outputs.take(ended, self.stats)
+        stats = self.stats.take(self.runner.slots.n_live, self.scheduler.n_waiting, self.runner.nbytes)
+        return StepReport(outputs, stats)
 
-    def _recover(self) -> None:
+    def _recover(self) -> StepReport:
         """After a step raised outside any one request: every request still running ends with ERROR."""
         self.isolation.fail(self.isolation.live())
-        self._output(Plan([], [], [], []))
+        return self._report()
 
-    def _drain(self) -> None:
+    def _drain(self) -> StepReport:
         """On the engine's own thread (or an engine never started): the requests still queued or running end
         CANCELLED, each counted once."""
-        ended = [r for r in [*self.scheduler.waiting, *self.scheduler.running] if not r.done]
-        self.scheduler.drain(FinishReason.CANCELLED, time.monotonic())
-        self._cross.clear()
-        self.outputs.hand_off(ended, self.stats, self.on_step)
+        self._ended += self.scheduler.drain(FinishReason.CANCELLED, time.monotonic())
+        return self._report()

@@ -3,26 +3,17 @@
     EOS        the chosen token is the end token (it is not returned or counted): after_token; beams in beam.py
     LENGTH     max_new_tokens generated: after_token; beams in beam.py
     STOP       a stop string appeared in the text: detokenizer.TextStream (the text is cut before it)
-    CANCELLED  the client went away (or the server stopped before the request finished): abandoned
-    DEADLINE   the call's deadline passed: abandoned (inflight.Call says whether an ended call was ended by it)
+    CANCELLED  the client went away (or the server stopped before the request finished): an abort the scheduler drains
+    DEADLINE   the call's deadline passed: the scheduler's deadline heap, or an abort that says so
     ERROR      a failure this request caused: isolation.py (the message names no internals)
 """
 from __future__ import annotations
 
 import numpy as np
 
-from seqserve.engine.request import FinishReason, Request
+from seqserve.engine.request import FinishReason
 
 ERROR_MESSAGE = "inference failed for this request; the server log has the details"
-
-
-def abandoned(request: Request, now: float) -> FinishReason | None:
-    """CANCELLED or DEADLINE for a request nobody waits for any more, waiting or running."""
-    if request.cancelled:
-        return FinishReason.DEADLINE if request.by_deadline else FinishReason.CANCELLED
-    if request.expired(now):
-        return FinishReason.DEADLINE
-    return None
 
 
 GOES_ON, EOS, LENGTH, STOP = 0, 1, 2, 3  # a row's state after a step, as one small integer per row

@@ -27,9 +27,11 @@ log = logging.getLogger("seqserve.engine.engine")
 
 class Isolation:
     def __init__(self, runner: Runner, stats: Stats, end_error: Callable[[Request], None],
-                 request_at: Callable[[int], Request]) -> None:
-        """end_error ends a request with ERROR (the engine's way); request_at: the request holding a slot."""
-        self.runner, self.stats, self._end_error, self._request_at = runner, stats, end_error, request_at
+                 retire: Callable[[list[Request]], None], request_at: Callable[[int], Request]) -> None:
+        """end_error ends a request with ERROR and retire frees what it held (the engine's ways); request_at: the
+        request holding a slot."""
+        self.runner, self.stats, self._request_at = runner, stats, request_at
+        self._end_error, self._retire = end_error, retire
 
     def each(self, items: Iterable, work: Callable) -> None:
         """work(item) for each item (a record, a request or a BeamResult) whose request still runs; an exception
@@ -94,8 +96,9 @@ class Isolation:
         return np.flatnonzero(self.runner.slots.live).tolist()
 
     def fail(self, rows: list[int]) -> None:
-        """These rows' requests end with ERROR and leave now, unless they had finished (their result stands)."""
+        """These rows' requests end with ERROR and leave now (a retried step runs without them), unless they had
+        finished (their result stands)."""
         failed = list(dict.fromkeys(self._request_at(i) for i in rows))  # a beam request holds several rows
         for r in failed:
             self._end_error(r)
-        self.runner.retire([r.id for r in failed])
+        self._retire(failed)

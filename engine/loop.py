@@ -1,5 +1,7 @@
 """The engine's thread: it steps while there is work, sleeps while there is none, and drains itself on stop.
 
+Each step returns its report (api.StepReport), which the loop hands to the one deliver callback (vLLM v1's
+EngineCore.step / nano-vllm's step return their outputs the same way); an engine process calls run_one itself.
 Only this thread touches a started engine's requests: stop() asks and waits for the drained signal, so no request is
 ever ended by two threads.
 """
@@ -9,15 +11,18 @@ import logging
 import threading
 from collections.abc import Callable
 
+from seqserve.engine.api import Deliver, StepReport
+
 log = logging.getLogger("seqserve.engine.engine")
 
 
 class Loop:
-    def __init__(self, step: Callable[[], None], has_work: Callable[[], bool], recover: Callable[[], None],
-                 drain: Callable[[], None]) -> None:
+    def __init__(self, step: Callable[[], StepReport], has_work: Callable[[], bool],
+                 recover: Callable[[], StepReport], drain: Callable[[], StepReport]) -> None:
         """step: one engine step; recover: after a step raised (a bug outside any one request); drain: ends what is
-        still queued or running, on this thread."""
+        still queued or running, on this thread. Each returns the report deliver gets."""
         self._step, self._has_work, self._recover, self._drain_work = step, has_work, recover, drain
+        self.deliver: Deliver | None = None  # every report, in order (None: offline, nobody listens)
         self.after_step: Callable[[], None] | None = None  # tests hold the engine thread here between steps
         self._wake = threading.Condition()
         self._stopping = False
@@ -50,9 +55,13 @@ class Loop:
 
     def _drain(self) -> None:
         try:
-            self._drain_work()
+            self._hand(self._drain_work())
         finally:
             self._drained.set()
+
+    def _hand(self, report: StepReport) -> None:
+        if self.deliver is not None:
+            self.deliver(report)
 
     def _run(self) -> None:
         while True:
@@ -69,9 +78,10 @@ class Loop:
     def run_one(self) -> None:
         """One step on the caller's thread (this loop's, or an engine process's own: server/engine_process.py)."""
         try:
-            self._step()
+            report = self._step()
         except Exception:  # a bug outside any one request: never lose one, fail those still running
             log.exception("engine step failed")
-            self._recover()
+            report = self._recover()
+        self._hand(report)
         if self.after_step is not None:
             self.after_step()

@@ -1,11 +1,8 @@
 """Beam search's n-best bookkeeping: each beam request's finished hypotheses, best first, and what an ended one hands
-back (engine/outputs.py turns hypotheses into sequences). Also the top-k helpers the beam step and log-probabilities
-share (ties to the lower id)."""
+back (engine/outputs.py turns hypotheses into sequences)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-
-import numpy as np
 
 from seqserve.contract.scoring import score
 from seqserve.engine.request import FinishReason, Request
@@ -75,23 +72,3 @@ class NBest:
         eos = best[0].tokens[-1] == self.eos_id
         return BeamResult(search.request, tuple(best), FinishReason.EOS if eos else FinishReason.LENGTH,
                           len(best[0].tokens) - eos)
-
-
-def best(values: np.ndarray, k: int) -> np.ndarray:
-    """Indices of the k largest values, best first, ties to the lower index: a stable sort of only the values at or
-    above the k-th largest (a full sort of the vocabulary every step would cost more than the selection)."""
-    if k <= 0:
-        return np.zeros(0, np.int64)
-    if k < values.size:
-        kth = np.partition(values, values.size - k)[values.size - k]
-        candidates = np.flatnonzero(values >= kth)  # ascending: ties keep the lower index first in a stable sort
-    else:
-        candidates = np.arange(values.size)
-    return candidates[np.argsort(-values[candidates], kind="stable")][:k]
-
-
-def top_alternatives(logprobs: np.ndarray, n: int) -> tuple[tuple[int, float], ...]:
-    """The n most likely (token, logprob) of one step, the most likely first (ties: the lower id)."""
-    if not n:
-        return ()
-    return tuple((int(t), float(logprobs[t])) for t in best(logprobs, n))

@@ -1,11 +1,11 @@
 """The one writer of what goes back: stream pieces (every stream_interval tokens), texts, n-best sequences,
-log-probabilities and the final Result, put into each request's Sink; and the once-per-step hand-off (flush).
+log-probabilities and the final Result, as the Outputs of the step's report (Outputs.take, once per step).
 
 The engine decides when a request's token, text or end happens; this module alone turns that into Outputs.
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from collections.abc import Sequence as Seq
 
 import numpy as np
@@ -13,16 +13,18 @@ from tokenizers import Tokenizer
 
 from seqserve.contract.scoring import score
 from seqserve.engine.detokenizer import TextStream
-from seqserve.engine.nbest import Hypothesis, top_alternatives
+from seqserve.engine.nbest import Hypothesis
 from seqserve.engine.request import FinishReason, Output, Request, RequestStatus, Result, Sequence, TokenLogprob
 from seqserve.engine.running import Running
 from seqserve.engine.stats import Stats
+from seqserve.engine.top_k import top_alternatives
 
 
 def end(request: Request, reason: FinishReason, now: float, error: str | None = None,
         sequences: tuple[Sequence, ...] = (), generated: int = 0) -> bool:
-    """The one way a request finishes (the engine and the scheduler decide when, via finish.py): its Result is made
-    here, by value, and handed to the sink with the last Output. A finished request never ends again: False then."""
+    """The one way a request finishes (the engine and the scheduler decide when): its Result is made here, by value;
+    the step's report carries it in the request's last Output (Outputs.take). A finished request never ends again:
+    False then."""
     if request.done:
         return False
 
@@ -32,8 +34,7 @@ def end(request: Request, reason: FinishReason, now: float, error: str | None = 
     request.result = Result(reason, tuple(sequences), request.n_input_tokens, generated, request.params.seed or 0,
                             since_arrival(request.scheduled_at), since_arrival(request.first_token_at),
                             since_arrival(now), error)
-    request.status, request.finished_at = RequestStatus.FINISHED, now
-    request.sink.put(request, Output(request.id, result=request.result))
+    request.status = RequestStatus.FINISHED
     return True
 
 
@@ -41,18 +42,7 @@ class Outputs:
     def __init__(self, tokenizer: Tokenizer, eos_id: int, stream_interval: int = 1) -> None:
         self.tokenizer, self.eos_id = tokenizer, eos_id
         self.stream_interval = stream_interval  # a stream's message carries this many tokens (the last one fewer)
-        self._sinks: set = set()  # sinks that got events this step: flushed once at its end
-
-    def touch(self, request: Request) -> None:
-        """The request's sink has news this step (flush hands it on)."""
-        self._sinks.add(request.sink)
-
-    def end(self, request: Request, reason: FinishReason, now: float, error: str | None = None,
-            sequences: tuple[Sequence, ...] = (), generated: int = 0) -> bool:
-        if not end(request, reason, now, error, sequences, generated):
-            return False
-        self.touch(request)
-        return True
+        self.pending: list[Output] = []  # this step's stream pieces, in order: take() hands them back
 
     def record(self, request: Request) -> Running:
         """A greedy or sampled request's record as it joins: its text stream (streams and stop strings), its
@@ -71,9 +61,7 @@ class Outputs:
         """A row's new token in its text and its stream; True when a stop string appeared (it ends STOP)."""
         piece = rec.text.push(token)
         if self.stream_interval == 1 and rec.request.stream:  # the common stream: this token now, nothing kept
-            request = rec.request
-            request.sink.put(request, Output(request.id, (token,), piece))
-            self._sinks.add(request.sink)
+            self.pending.append(Output(rec.request.id, (token,), piece))
         else:
             self._stream(rec, (token,), piece)
         return rec.text.stopped
@@ -127,17 +115,13 @@ class Outputs:
 
     def _put(self, request: Request, ids: tuple[int, ...], text: str) -> None:
         if text or ids:  # nothing is sent for an empty piece
-            request.sink.put(request, Output(request.id, ids, text))
-            self.touch(request)
+            self.pending.append(Output(request.id, ids, text))
 
-    def hand_off(self, ended: Iterable[Request], stats: Stats, report: Callable[[], None] | None) -> None:
-        """Once per step: the requests that ended in it are counted (each once), every touched sink hands its events
-        on, then the step's report (EngineCore's) goes out."""
+    def take(self, ended: Iterable[Request], stats: Stats) -> tuple[Output, ...]:
+        """Once per step: its stream pieces, then the last Output (with its Result) of every request that ended in it;
+        each end is counted once."""
+        out, self.pending = self.pending, []
         for r in ended:
             stats.finished.append(r.finish_reason.value)
-            self.touch(r)
-        for sink in self._sinks:
-            sink.flush()
-        self._sinks.clear()
-        if report is not None:
-            report()
+            out.append(Output(r.id, result=r.result))
+        return tuple(out)

@@ -1,19 +1,17 @@
 """One object per request, carried from the service through the scheduler, engine and runner and back.
 
 Status is an ordered enum: a request only moves forward (WAITING < RUNNING < FINISHED; whether a waiting request's
-source is already encoded is the scheduler's and the engine's business, not a status). The way back to the caller is
-explicit: the Sink given at construction receives the request's Outputs (engine/outputs.py is their one writer; the
-edge's sink hands them on; an offline caller passes none and reads the finished Request's result). The last Output
-carries the request's Result by value, so no other thread ever reads a Request the engine thread writes.
+source is already encoded is the scheduler's and the engine's business, not a status). Only the engine thread reads
+or writes a Request: what goes back leaves as Outputs in the step's report (engine/outputs.py is their one writer),
+the last one carrying the request's Result by value; an offline caller reads the finished Request's result. A cancel
+is a message to the scheduler (Scheduler.abort), never a write to the Request.
 """
 from __future__ import annotations
 
 import enum
 import itertools
-import threading
 import time
 from dataclasses import dataclass, field
-from typing import Protocol
 
 _ids = itertools.count(1)
 
@@ -119,35 +117,12 @@ class Output:
     refused: str | None = None  # the engine refused the request (its queue was full): nothing ran, no result follows
 
 
-class Sink(Protocol):
-    """Where a request's Outputs go. put() is called from the engine thread during a step, flush() once at its end,
-    so a sink can hand a whole step's events to another thread in one hop."""
-
-    def put(self, request: Request, output: Output) -> None: ...
-
-    def flush(self) -> None: ...
-
-
-class NoSink:
-    """Offline use (warm-up, verify, bench): the finished Request itself is the result."""
-
-    def put(self, request: Request, output: Output) -> None:
-        pass
-
-    def flush(self) -> None:
-        pass
-
-
-NO_SINK = NoSink()
-
-
 @dataclass(eq=False)
 class Request:
     input_ids: list[int]  # source ids as the encoder sees them (ending with the end token)
     params: SamplingParams = field(default_factory=SamplingParams)
-    sink: Sink = NO_SINK  # receives this request's Outputs
     stream: bool = False  # True: an Output per step with the new text; False: only the final Output
-    deadline: float | None = None  # time.monotonic() by which the request must end
+    deadline: float | None = None  # time.monotonic() by which the request must end (the scheduler's deadline heap)
     forced_bos: int | None = None  # this row's forced first token (the target language's), over the model's own
     id: int = field(default_factory=lambda: next(_ids))
     arrival: float = field(default_factory=time.monotonic)
@@ -155,23 +130,6 @@ class Request:
     result: Result | None = None  # once FINISHED: what the final Output carried (engine/outputs.py sets it)
     scheduled_at: float | None = None  # admitted into the running batch
     first_token_at: float | None = None
-    finished_at: float | None = None
-    by_deadline: bool = False  # cancelled because the call's deadline passed (set before _cancelled)
-    _cancelled: threading.Event = field(default_factory=threading.Event, repr=False)
-
-    def cancel(self, deadline: bool = False) -> None:
-        """Called from the service's thread; the engine ends the request at its next step: DEADLINE when its call
-        ended by its deadline, else CANCELLED."""
-        if not self._cancelled.is_set():  # the first reason stands
-            self.by_deadline = deadline
-        self._cancelled.set()
-
-    @property
-    def cancelled(self) -> bool:
-        return self._cancelled.is_set()
-
-    def expired(self, now: float) -> bool:
-        return self.deadline is not None and now >= self.deadline
 
     @property
     def n_input_tokens(self) -> int:

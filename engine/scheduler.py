@@ -1,22 +1,26 @@
 """Pure scheduling policy (no onnxruntime): which requests leave, which are encoded, which join the next step.
 
 FCFS admission within the batch-size and KV-cache budgets, a bounded waiting queue, encode-ahead within a byte
-budget, and the end of cancelled or expired requests (the rules themselves are finish.py's). A row may join or leave
-between any two decoder steps. A request's status only moves forward (WAITING -> RUNNING -> FINISHED): which waiting
-requests are already encoded is this scheduler's own record (their K/V are the engine's, by request id).
+budget, and the end of cancelled or expired requests. A row may join or leave between any two decoder steps. A
+request's status only moves forward (WAITING -> RUNNING -> FINISHED): which waiting requests are already encoded is
+this scheduler's own record (their K/V are the engine's, by request id).
+
+Cancels are messages (vLLM's aborts queue): `abort` only appends to a queue, from any thread, and `schedule` drains it
+at the start of the next step, with the deadlines that passed (a heap: the earliest is looked at, never every row),
+so only the engine thread ever ends a request.
 """
 from __future__ import annotations
 
 import collections
+import heapq
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
-from seqserve.engine import finish
 from seqserve.engine.api import QueueFull
 from seqserve.engine.outputs import end
-from seqserve.engine.request import Request, RequestStatus
+from seqserve.engine.request import FinishReason, Request, RequestStatus
 
 
 @dataclass(frozen=True)
@@ -43,19 +47,12 @@ class SchedulerConfig:
         return cls(**named, cross_bytes_per_token=cross_bytes_per_token)
 
 
-# How stale a cancel or deadline may be before it is noticed: a running row costs a step, so it is looked at often;
-# the waiting queue (up to max_waiting requests) costs nothing while it waits, and a scan of it costs more.
-SWEEP_SECONDS = 0.01
-WAITING_SWEEP_SECONDS = 0.1
-
-
 @dataclass(frozen=True)
 class Plan:
-    retired: list[Request]  # rows that left since the last step: free their slots
+    abandoned: list[Request]  # running requests this schedule ended (aborted, expired): free their rows
     encode: list[Request]  # run the encoder on these now (every admitted one without K/V, then some ahead)
     admitted: list[Request]  # join this step
-    dropped: list[Request]  # waiting requests that ended without running (cancelled, expired)
-    abandoned: list[Request] = ()  # running requests this schedule ended (cancelled, expired): part of retired
+    dropped: list[Request]  # waiting requests that ended without running (aborted, expired)
 
 
 class Scheduler:
@@ -67,8 +64,9 @@ class Scheduler:
         self._longest = self._most_new = 0  # running rows' longest source and max_new_tokens (may overstate: see _fits)
         self.encoded_bytes = 0  # cross K/V held for encoded waiting requests
         self._encoded: set[int] = set()  # ids of the waiting requests whose source is encoded (or is in this plan)
-        self._lock = threading.Lock()  # add() comes from the gRPC loop, schedule() from the engine thread
-        self._swept = self._swept_waiting = float("-inf")  # when running / waiting were last scanned
+        self._lock = threading.Lock()  # add() comes from the edge's thread, schedule() from the engine thread
+        self._aborts: collections.deque[tuple[int, bool]] = collections.deque()  # (id, by deadline), any thread
+        self._deadlines: list[tuple[float, int]] = []  # heap of (deadline, id) of the requests added with one
 
     def add(self, requests: Sequence[Request]) -> None:
         """Queues every request or none: the one queue-full rule (QueueFull names the limit)."""
@@ -76,57 +74,64 @@ class Scheduler:
             if len(self.waiting) + len(requests) > self.cfg.max_waiting:
                 raise QueueFull(f"{len(self.waiting)} requests waiting (max_waiting={self.cfg.max_waiting})")
             self.waiting.extend(requests)
+            for r in requests:
+                if r.deadline is not None:
+                    heapq.heappush(self._deadlines, (r.deadline, r.id))
+
+    def abort(self, request_id: int, deadline: bool = False) -> None:
+        """From any thread: the request ends at the start of the next schedule, DEADLINE when its call ran out of
+        time, else CANCELLED (the first reason stands). An id this scheduler does not hold is ignored."""
+        self._aborts.append((request_id, deadline))  # (deque.append is atomic: the edge never waits for a step)
 
     @property
     def running(self) -> list[Request]:
         return list(self._running.values())
 
     def has_work(self) -> bool:
-        return bool(self._running or self.waiting)
+        return bool(self._running or self.waiting or self._aborts)
 
     @property
     def n_waiting(self) -> int:
         return len(self.waiting)
 
-    def schedule(self, now: float, ended: list[Request] = ()) -> Plan:
-        """ended: running requests the engine ended since the last call. Others that ended (cancelled, expired, or
-        ended from outside) are found by a sweep at most every SWEEP_SECONDS: no per-row scan at every step."""
-        retired = [r for r in ended if self._running.pop(r.id, None) is not None]
+    def schedule(self, now: float) -> Plan:
+        """The aborts and passed deadlines first (those requests end here), then admission and encode-ahead."""
         with self._lock:
-            dropped, abandoned = [], []
-            if not (0 <= now - self._swept < SWEEP_SECONDS):
-                self._swept = now
-                swept = self._sweep_running(now)
-                abandoned = [r for r, ended_here in swept if ended_here]
-                retired += [r for r, _ in swept]
-            if not (0 <= now - self._swept_waiting < WAITING_SWEEP_SECONDS):
-                self._swept_waiting = now
-                dropped = self._drop_abandoned(now)
-            for r in retired:
-                self.rows -= r.n_rows
+            abandoned, dropped = self._abandon(now)
             admitted, bare = self._admit(now)
             encode = self._encode(bare)
-        return Plan(retired, encode, admitted, dropped, abandoned)
+        return Plan(abandoned, encode, admitted, dropped)
 
-    def sweep_next(self) -> None:
-        """The next schedule looks at every running and waiting request, however recent the last sweep (a test that
-        held the engine between steps wants its cancel seen at the very next step)."""
-        self._swept = self._swept_waiting = float("-inf")
+    def retire(self, requests: Sequence[Request]) -> None:
+        """Running requests that ended leave the batch's books (the engine frees their rows: Engine._retire)."""
+        for r in requests:
+            if self._running.pop(r.id, None) is not None:
+                self.rows -= r.n_rows
 
-    def _sweep_running(self, now: float) -> list[tuple[Request, bool]]:
-        """(request, whether this sweep ended it) for every running request that has ended."""
-        left = []
-        for r in list(self._running.values()):
-            ended_here = not r.done and (reason := finish.abandoned(r, now)) is not None
-            if ended_here:
-                end(r, reason, now)
-            if r.done:
-                left.append((self._running.pop(r.id), ended_here))
-        return left
-
-    def encoded(self, request: Request) -> bool:
-        """Whether a waiting request's source is encoded already (encode-ahead)."""
-        return request.id in self._encoded
+    def _abandon(self, now: float) -> tuple[list[Request], list[Request]]:
+        """Drains the aborts and the passed deadlines: (running requests ended, waiting requests ended)."""
+        if len(self._deadlines) > 2 * (len(self._running) + len(self.waiting)) + 64:  # amortised: ended requests'
+            held = {*self._running, *(r.id for r in self.waiting)}  # entries go once they outnumber the held ones
+            self._deadlines = [e for e in self._deadlines if e[1] in held]
+            heapq.heapify(self._deadlines)
+        reasons: dict[int, FinishReason] = {}
+        while self._aborts:
+            rid, by_deadline = self._aborts.popleft()
+            reasons.setdefault(rid, FinishReason.DEADLINE if by_deadline else FinishReason.CANCELLED)
+        while self._deadlines and self._deadlines[0][0] <= now:
+            reasons.setdefault(heapq.heappop(self._deadlines)[1], FinishReason.DEADLINE)
+        if not reasons:
+            return [], []
+        abandoned = [r for i in reasons if (r := self._running.get(i)) is not None and not r.done]
+        dropped = []
+        if len(abandoned) < len(reasons) and any(r.id in reasons for r in self.waiting):
+            dropped = [r for r in self.waiting if r.id in reasons and not r.done]
+            self.waiting = collections.deque(r for r in self.waiting if r.id not in reasons)
+        for r in [*abandoned, *dropped]:
+            self._forget_encoded(r)
+            end(r, reasons[r.id], now)
+        self.retire(abandoned)
+        return abandoned, dropped
 
     def _admit(self, now: float) -> tuple[list[Request], list[Request]]:
         """The requests that join, and those of them without K/V yet."""
@@ -195,37 +200,23 @@ class Scheduler:
             self._encoded.discard(r.id)
             self.encoded_bytes -= self._cross_bytes(r)
 
-    def _drop_abandoned(self, now: float) -> list[Request]:
-        """Waiting requests whose client left or whose deadline passed end now, not when they reach the head."""
-        if not any(finish.abandoned(r, now) for r in self.waiting):
-            return []
-        alive, dropped = collections.deque(), []
-        for r in self.waiting:
-            if not r.done and (reason := finish.abandoned(r, now)):
-                self._forget_encoded(r)
-                end(r, reason, now)
-                dropped.append(r)
-            else:
-                alive.append(r)
-        self.waiting = alive
-        return dropped
-
     def unencode(self, requests: list[Request]) -> None:
         """The encoder failed for these: the waiting ones are no longer counted as encoded (their status stays)."""
         with self._lock:
             for r in requests:
                 self._forget_encoded(r)
 
-    def drain(self, reason, now: float) -> None:
-        """Ends every waiting and running request (the engine is stopping without running them)."""
+    def drain(self, reason: FinishReason, now: float) -> list[Request]:
+        """Ends every waiting and running request (the engine is stopping without running them); returns them."""
         with self._lock:
-            for r in [*self.waiting, *self._running.values()]:
-                if not r.done:
-                    end(r, reason, now)
+            ended = [r for r in [*self.waiting, *self._running.values()] if end(r, reason, now)]
             self.waiting.clear()
             self._running.clear()
             self._encoded.clear()
+            self._aborts.clear()
+            self._deadlines.clear()
             self.rows = self.encoded_bytes = 0
+        return ended
 
 
 def _padded(rows: int, longest_source: int, most_new_tokens: int) -> int:

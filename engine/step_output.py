@@ -35,13 +35,6 @@ class StepOutput:
     top_ids: np.ndarray | None = None  # (hi, TOP_K) int64, best first
     top_logprobs: np.ndarray | None = None  # (hi, TOP_K) float32
 
-    @property
-    def fetched(self) -> tuple[str, ...]:
-        """The graph outputs this step copied to the host, by name."""
-        pairs = ((names.LOGITS, self.logits), (names.NEXT_TOKEN_IDS, self.ids), (names.TOP_TOKEN_IDS, self.top_ids),
-                 (names.TOP_LOGPROBS, self.top_logprobs))
-        return tuple(name for name, value in pairs if value is not None)
-
     def head(self, hi: int) -> StepOutput:
         return StepOutput(*(None if v is None else v[:hi] for v in (self.logits, self.ids, self.top_ids,
                                                                     self.top_logprobs)))

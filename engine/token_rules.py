@@ -70,10 +70,6 @@ class TokenRules:
         for rule, hit in self.acting(rows, on) if acting is None else acting:
             rule.apply(scores, rows, hit)
 
-    def acts(self, rows: Rows, on: np.ndarray | None = None) -> bool:
-        """Whether any rule changes any of these rows this step."""
-        return bool(self.acting(rows, on))
-
     def need_logits(self, rows: Rows, on: np.ndarray | None = None) -> bool:
         """Whether a rule acting on these rows this step needs the step's logits on the host."""
         return any(rule.host for rule, _ in self.acting(rows, on))

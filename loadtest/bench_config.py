@@ -18,7 +18,7 @@ DEFAULT_NUM_BEAMS = 4
 SHAPE_NAMES = ("default", *SHAPES)  # the trained checkpoint, or a random-weight size of model/presets.py
 FORCED_TOKENS = 32  # base/small: every backend generates exactly this many tokens per input (random weights)
 THREADS_HELP = ("intra-op threads for every backend (default 1: more threads than free cores made a row 30x slower "
-                "on a busy 2-core machine, issue 9; raise it only on a quiet machine with that many free cores)")
+                "on a busy 2-core machine; raise it only on a quiet machine with that many free cores)")
 
 
 @dataclass(frozen=True)

@@ -190,10 +190,10 @@ def _runtime(work: Workload):
 def _engine(spec: RowSpec, work: Workload) -> Loaded:
     from seqserve.contract.manifest import load_manifest
     from seqserve.contract.tokenizer import load_tokenizer
-    from seqserve.engine.engine import Engine
+    from seqserve.engine.build import offline
     from seqserve.engine.request import Request, SamplingParams
     from seqserve.engine.runner import Runner
-    from seqserve.engine.scheduler import Scheduler, SchedulerConfig
+    from seqserve.engine.scheduler import SchedulerConfig
 
     rows = spec.batch_size * spec.num_beams  # a beam request holds one row of the running batch per beam
     runner = Runner(work.bundle, _runtime(work), spec.precision, capacity=rows, kv_cache=work.kv_cache)
@@ -202,10 +202,8 @@ def _engine(spec: RowSpec, work: Workload) -> Loaded:
     def generate(sources: list[list[int]], max_new_tokens: int) -> list[list[int]]:
         # The server's continuous batching; the KV budget is raised so only max_batch_size limits admission.
         need = rows * max(len(s) + max_new_tokens for s in sources)
-        scheduler = Scheduler(SchedulerConfig(max_batch_size=rows, max_waiting=len(sources),
-                                              max_kv_tokens=max(SchedulerConfig.max_kv_tokens, need),
-                                              cross_bytes_per_token=runner.cross_bytes_per_token))
-        engine = Engine(runner, tokenizer, scheduler)
+        engine = offline(runner, tokenizer, max_batch_size=rows, max_waiting=len(sources),
+                         max_kv_tokens=max(SchedulerConfig.max_kv_tokens, need))
         params = SamplingParams(max_new_tokens=max_new_tokens, min_new_tokens=work.min_new(max_new_tokens),
                                 num_beams=spec.num_beams,
                                 early_stopping=BEAM_EARLY_STOPPING if spec.num_beams > 1 else False)

@@ -19,10 +19,9 @@ from seqserve.contract.names import KV_CACHES
 from seqserve.contract.tokenizer import load_tokenizer
 from seqserve.contract.tsv import heldout_pairs
 from seqserve.engine.device import RuntimeConfig
-from seqserve.engine.engine import Engine
+from seqserve.engine.build import offline
 from seqserve.engine.request import Request, SamplingParams
 from seqserve.engine.runner import Runner
-from seqserve.engine.scheduler import Scheduler, SchedulerConfig
 
 PARTS = (  # (part, substrings of the file or caller that put a function's time there), first match wins
     ("onnxruntime: decoder step", ("inplace_cache.py:run", "inplace_cache.py:_probe", "kv_cache.py:run")),
@@ -31,8 +30,9 @@ PARTS = (  # (part, substrings of the file or caller that put a function's time 
     ("scheduler and finish rules", ("scheduler.py", "finish.py")),
     ("detokenisation", ("detokenizer.py", "tokenizers")),
     ("metrics", ("prometheus_client", "metrics.py")),
-    ("beam search: selection and bookkeeping", ("beam.py",)),
-    ("token choice and bookkeeping", ("engine.py", "stepping.py", "running.py", "sampling.py", "request.py", "numpy")),
+    ("beam search: selection and bookkeeping", ("beam.py", "nbest.py")),
+    ("token choice and bookkeeping", ("engine.py", "update.py", "greedy.py", "running.py", "sampling.py", "request.py",
+                                      "numpy")),
 )
 
 
@@ -79,10 +79,7 @@ def profile(bundle: str, n: int, batch_size: int, max_new: int, threads: int, kv
     sources = [tokenizer.encode(s).ids for s, _ in heldout_pairs(bundle, n)]
 
     def run() -> list[Request]:
-        scheduler = Scheduler(SchedulerConfig(max_batch_size=rows, max_waiting=len(sources),
-                                              max_kv_tokens=1 << 30,
-                                              cross_bytes_per_token=runner.cross_bytes_per_token))
-        engine = Engine(runner, tokenizer, scheduler)
+        engine = offline(runner, tokenizer, max_batch_size=rows, max_waiting=len(sources), max_kv_tokens=1 << 30)
         params = SamplingParams(max_new_tokens=max_new, min_new_tokens=min_new, num_beams=num_beams,
                                 early_stopping=num_beams > 1)
         return engine.generate([Request(s, params) for s in sources])

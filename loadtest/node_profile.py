@@ -20,10 +20,9 @@ import onnxruntime as ort
 from seqserve.contract.tokenizer import load_tokenizer
 from seqserve.contract.tsv import heldout_pairs
 from seqserve.engine.device import RuntimeConfig
-from seqserve.engine.engine import Engine
+from seqserve.engine.build import offline
 from seqserve.engine.request import Request, SamplingParams
 from seqserve.engine.runner import Runner
-from seqserve.engine.scheduler import Scheduler, SchedulerConfig
 
 
 def profile(bundle: str, variant: str, n: int, batch_size: int, max_new: int, min_new: int, num_beams: int,
@@ -41,11 +40,10 @@ def profile(bundle: str, variant: str, n: int, batch_size: int, max_new: int, mi
         runner.decoder = ort.InferenceSession(str(runner.bundle / graph), opts, providers=["CPUExecutionProvider"])
         tokenizer = load_tokenizer(runner.bundle / runner.manifest.tokenizer["file"])
         sources = [tokenizer.encode(s).ids for s, _ in heldout_pairs(bundle, n)]
-        scheduler = Scheduler(SchedulerConfig(max_batch_size=rows, max_waiting=len(sources), max_kv_tokens=1 << 30,
-                                              cross_bytes_per_token=runner.cross_bytes_per_token))
         params = SamplingParams(max_new_tokens=max_new, min_new_tokens=min_new, num_beams=num_beams,
                                 early_stopping=num_beams > 1)
-        Engine(runner, tokenizer, scheduler).generate([Request(s, params) for s in sources])
+        engine = offline(runner, tokenizer, max_batch_size=rows, max_waiting=len(sources), max_kv_tokens=1 << 30)
+        engine.generate([Request(s, params) for s in sources])
         events = json.loads(Path(runner.decoder.end_profiling()).read_text())
     per_op: dict[str, float] = defaultdict(float)
     for e in events:

@@ -1,4 +1,4 @@
-"""The pinned server benchmark: does the gRPC path keep up with the engine? (issue 10)
+"""The pinned server benchmark: does the gRPC path keep up with the engine?
 
     python -m seqserve.loadtest.server_bench --bundle artifacts/bundle --markdown reports/server-bench.md
 

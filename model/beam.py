@@ -45,7 +45,7 @@ CANDIDATES_PER_BEAM = 2  # HF keeps max(2, 1 + number of end tokens) * num_beams
 
 @dataclass(frozen=True)
 class BeamOptions:
-    """The options of issue 13, with the proto's names and defaults (num_beams 1 = greedy)."""
+    """The beam search options, with the proto's names and defaults (num_beams 1 = greedy)."""
 
     max_new_tokens: int
     min_new_tokens: int = 0

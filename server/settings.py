@@ -18,6 +18,7 @@ from seqserve.client.flags import flag as _flag
 from seqserve.contract.devices import DEVICES
 from seqserve.contract.manifest import VARIANTS
 from seqserve.contract.names import KV_CACHES
+from seqserve.engine.request import SamplingParams
 from seqserve.engine.scheduler import SchedulerConfig as _Sched
 from seqserve.server.cpus import cpu_problem
 from seqserve.server.engine_watch import NOT_READY_SECONDS, RESTART_SECONDS
@@ -25,7 +26,7 @@ from seqserve.server.limits import Limits
 
 ENV_PREFIX = "SEQSERVE_"
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
-DEFAULT_MAX_NEW_TOKENS = 64  # used when a request leaves max_new_tokens unset (clipped to the cap)
+DEFAULT_MAX_NEW_TOKENS = SamplingParams.max_new_tokens  # when a request leaves it unset (clipped to the cap)
 DEFAULT_METRICS_PORT = 50052  # beside gRPC's; 9090-9999 are Prometheus's and its exporters' (docs/deploy.md#ports)
 MIN_TOKEN_CHARS = 16  # shorter bearer tokens are refused at start: they could be guessed
 KiB, MiB = 1 << 10, 1 << 20

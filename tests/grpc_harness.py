@@ -158,11 +158,16 @@ class StepGate:
             self.settle()
 
     def open(self) -> None:
-        """Lets the engine go on; its next schedule looks at every cancel and deadline at once."""
-        self.engine.scheduler.sweep_next()
+        """Lets the engine go on (its next schedule drains every abort queued meanwhile, and every passed deadline)."""
         with self._cond:
             self._closed = False
             self._cond.notify_all()
+
+    def wait_aborted(self, request_id: int) -> None:
+        """Returns once the edge's abort of this request waits in the scheduler's queue (Scheduler.abort) for the held
+        engine's next step to drain it."""
+        aborts = self.engine.scheduler._aborts  # (read-only here: the queue the edge's thread appends to)
+        wait_for(lambda: any(i == request_id for i, _ in list(aborts)), what="the abort to reach the engine")
 
     def wait_held(self, timeout: float = 30) -> None:
         assert self.held.wait(timeout), "the engine never reached the gate"

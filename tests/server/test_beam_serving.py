@@ -5,7 +5,6 @@ server's n-best lists, their order, scores and log-probabilities must be the ref
 """
 from __future__ import annotations
 
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -84,15 +83,21 @@ def test_a_beam_request_is_the_same_alone_and_inside_a_changing_batch(make_serve
     s = make_server(max_batch_size=16)
     beam = request(heldout[3][0], max_new_tokens=MAX_NEW, num_beams=4, num_return_sequences=4)
     alone = s.stub.Generate(beam, timeout=60)
-    s.slow_down(0.01)  # long enough that the others join and leave while the beams run
     others = [request(src, max_new_tokens=2 + 3 * i) for i, (src, _) in enumerate(heldout[:6])]
     others += [request(src, max_new_tokens=5 + i, temperature=2.0, seed=i) for i, (src, _) in enumerate(heldout[6:10])]
     others += [request(heldout[11][0], max_new_tokens=MAX_NEW, num_beams=2, num_return_sequences=2)]
+    gate, scheduler = s.gate(), s.engine.scheduler
+    gate.close()  # the engine is held after each step it is let take: who joins when is exact
     with ThreadPoolExecutor(len(others) + 1) as pool:
-        early = [pool.submit(s.stub.Generate, r, timeout=120) for r in others[::2]]
         together = pool.submit(s.stub.Generate, beam, timeout=120)
-        time.sleep(0.05)  # the rest join mid-way, while the beam request is running
+        gate.wait_held()  # the beams' first step
+        early = [pool.submit(s.stub.Generate, r, timeout=120) for r in others[::2]]
+        wait_for(lambda: scheduler.n_waiting == len(early), what="the early requests queued")
+        gate.run(3)  # they join the beams, and run beside them
+        assert [r.n_rows for r in scheduler.running if not r.done].count(4) == 1, "the beam request runs mid-way"
         late = [pool.submit(s.stub.Generate, r, timeout=120) for r in others[1::2]]
+        wait_for(lambda: scheduler.n_waiting == len(late), what="the late requests queued")
+        gate.open()  # the rest join mid-way, while the beam request is running
         result = together.result()
         assert all(f.result().sequences for f in early + late)
     assert [g[:2] for g in _nbest(result)] == [g[:2] for g in _nbest(alone)] and len(result.sequences) == 4
@@ -120,7 +125,7 @@ def test_rows_and_cache_return_to_idle_after_beams_including_cancelled(make_serv
     assert s.metric("seqserve_kv_cache_bytes") > 0, "their cache counted"
     (row,) = s.engine.scheduler.running
     stream.cancel()
-    wait_for(lambda: row.cancelled, what="the cancel to reach the request")
+    gate.wait_aborted(row.id)
     gate.open()
     wait_for(lambda: s.metric("seqserve_running_requests") == 0, what="the cancelled beams to leave")
     wait_for(lambda: s.metric("seqserve_kv_cache_bytes") == 0, what="their cache freed")

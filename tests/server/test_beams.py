@@ -91,7 +91,7 @@ def test_every_request_in_a_changing_batch_gets_the_references_n_best(tiny_bundl
         logits = np.zeros((slots.hi, vocab), np.float32)
         for s in np.flatnonzero(slots.live[: slots.hi]).tolist():
             logits[s] = synthetic_logits(seed[slots.owners[s]], slots.output(s), vocab, eos)
-        done = beams.advance(logits, 0.0)
+        done = beams.advance(logits)
         results.update({b.request.id: (b, outputs.nbest(b.request, b.hypotheses)) for b in done})
         ended = [b.request for b in done]
         step += 1

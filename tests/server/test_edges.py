@@ -69,7 +69,7 @@ def test_cancel_mid_stream_frees_the_slot(make_server, heldout):
     assert s.metric("seqserve_kv_cache_bytes") > 0, "the row's cache counted"
     (row,) = s.engine.scheduler.running
     stream.cancel()
-    wait_for(lambda: row.cancelled, what="the cancel to reach the request")
+    gate.wait_aborted(row.id)
     gate.open()
     wait_for(lambda: s.metric("seqserve_running_requests") == 0, what="the cancelled row to leave the batch")
     wait_for(lambda: s.metric("seqserve_kv_cache_bytes") == 0, what="its cache freed with it")

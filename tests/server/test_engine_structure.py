@@ -27,7 +27,6 @@ def test_no_engine_class_inherits_from_another_engine_class():
                  if isinstance(node, ast.ClassDef) for base in node.bases
                  if isinstance(base, ast.Name) and base.id in own]
     assert inherited == []
-    assert not (ENGINE / "stepping.py").exists()
 
 
 def test_only_outputs_py_builds_events_and_results():
@@ -58,3 +57,39 @@ def test_a_request_stores_its_result_once_and_a_record_does_not_pose_as_one():
 
 def test_no_engine_file_is_over_300_lines():
     assert {f.name: n for f in ENGINE.glob("*.py") if (n := len(f.read_text().splitlines())) > MAX_LINES} == {}
+
+
+def _calls(attr: str) -> list[tuple[str, str, str]]:
+    """(file, function, what it is called on) for every call of `<something>.attr(...)` in the engine."""
+    return sorted({(f.name, fn.name, ast.unparse(node.func.value)) for f in ENGINE.glob("*.py")
+                   for fn in ast.walk(_tree(f.name)) if isinstance(fn, ast.FunctionDef)
+                   for node in ast.walk(fn) if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                   and node.func.attr == attr})
+
+
+def test_a_request_that_ended_leaves_in_one_place():
+    """Engine._retire alone frees a request's rows and tells the scheduler; the scheduler's own retire is its books
+    (the aborts and deadlines it drains)."""
+    assert _calls("retire") == [("engine.py", "_retire", "self.runner"), ("engine.py", "_retire", "self.scheduler"),
+                                ("scheduler.py", "_abandon", "self")]
+
+
+def test_a_step_returns_its_report_and_nothing_else_carries_outputs_back():
+    """No sink, no per-step callback: Engine.step returns the StepReport the loop hands to deliver."""
+    source = "\n".join(f.read_text() for f in ENGINE.glob("*.py"))
+    assert [w for w in ("Sink", "NO_SINK", "on_step", "flush(", "_Outputs") if w in source] == []
+    step = [fn for fn in ast.walk(_tree("engine.py")) if isinstance(fn, ast.FunctionDef) and fn.name == "step"]
+    assert ast.unparse(step[0].returns) == "StepReport"
+
+
+def test_checks_and_loadtest_make_their_engines_through_the_one_offline_entry():
+    """engine/build.py `offline` (which always sets the model's cross_bytes_per_token): no hand-built Engine or
+    Scheduler outside the engine."""
+    built = sorted(f"{f.parent.name}/{f.name}" for folder in ("checks", "loadtest")
+                   for f in (ENGINE.parent / folder).glob("*.py")
+                   for node in ast.walk(ast.parse(f.read_text())) if isinstance(node, ast.Call)
+                   and isinstance(node.func, ast.Name) and node.func.id in ("Engine", "Scheduler"))
+    assert built == []
+    offline_users = {f.name for folder in ("checks", "loadtest") for f in (ENGINE.parent / folder).glob("*.py")
+                     if "offline(" in f.read_text()}
+    assert {"quality.py", "bench_rows.py", "engine_profile.py", "node_profile.py"} <= offline_users

@@ -13,7 +13,7 @@ from grpc_harness import request, wait_for
 
 from seqserve.contract.tokenizer import load_tokenizer
 from seqserve.contract.tsv import heldout_pairs
-from seqserve.engine import detokenizer, outputs, update
+from seqserve.engine import detokenizer, outputs, sampling
 from seqserve.engine.device import RuntimeConfig
 from seqserve.engine.engine import Engine
 from seqserve.engine.finish import ERROR_MESSAGE
@@ -48,8 +48,8 @@ def _raise_for_poison(original, params_of):
 
 # phase -> (object, attribute, how the patched call finds its request's params, the poisoned request's options)
 PHASES = {
-    "sampling": (update, "sample_row", lambda logits, params, *a: params, dict(temperature=0.8)),
-    "sampling its last token": (update, "sample_row", lambda logits, params, *a: params,
+    "sampling": (sampling, "sample_row", lambda logits, params, *a: params, dict(temperature=0.8)),
+    "sampling its last token": (sampling, "sample_row", lambda logits, params, *a: params,
                                 dict(temperature=0.8, max_new_tokens=1)),  # a finish rule also fires for its row
     "text": (detokenizer.TextStream, "push", lambda text, *a: _by_stop(text.stops), dict(stop=("never-there",))),
     "logprobs": (outputs, "top_alternatives", lambda lps, n: _by_top(n), dict(return_logprobs=True, top_logprobs=2)),

@@ -112,31 +112,41 @@ def test_metric_values_move_as_requests_complete(served, heldout):
     assert 'seqserve_requests_total{code="OK",method="Generate",model="tiny-bundle"}' in text  # every metric: its model
 
 
-SLOW_SERVE = """
-import sys, time
+# Holds the engine of a real `seqserve serve` between two decoder steps while the file argv[1] exists: the step after
+# the first one it takes once the file appears waits (polling the file, never a timing window) until the test removes
+# it, so the call is exactly mid-generation when the signal lands.
+HELD_SERVE = """
+import os, sys, time
 from seqserve.engine.runner import Runner
 step = Runner.run_step  # the decoder step the engine calls
-def slow_step(self, *args, **kwargs):
-    time.sleep(0.05)  # long enough generations to send SIGTERM mid-way
+taken = 0
+def held_step(self, *args, **kwargs):
+    global taken
+    if os.path.exists(sys.argv[1]):
+        taken += 1
+        while taken > 1 and os.path.exists(sys.argv[1]):
+            time.sleep(0.01)
     return step(self, *args, **kwargs)
-Runner.run_step = slow_step
+Runner.run_step = held_step
 from seqserve.cli.main import main
-sys.exit(main(sys.argv[1:]))
+sys.exit(main(sys.argv[2:]))
 """
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
-def test_signal_drains_in_flight_calls_and_exits_0(tiny_bundle, heldout, sig):
+def test_signal_drains_in_flight_calls_and_exits_0(tiny_bundle, heldout, sig, tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("SEQSERVE_")}
     env |= {"SEQSERVE_GRACE_SECONDS": "30", "SEQSERVE_DEVICE": "cpu"}  # settings through the environment too
-    proc = subprocess.Popen([sys.executable, "-c", SLOW_SERVE, "serve", "--bundle", str(tiny_bundle), "--bind",
-                             "127.0.0.1", "--port", "0", "--metrics-port", "-1"], cwd=REPO, env=env,
+    hold = tmp_path / "hold"
+    proc = subprocess.Popen([sys.executable, "-c", HELD_SERVE, str(hold), "serve", "--bundle", str(tiny_bundle),
+                             "--bind", "127.0.0.1", "--port", "0", "--metrics-port", "-1"], cwd=REPO, env=env,
                             stderr=subprocess.PIPE, text=True)
     log, port, listening = follow_log(proc)
     try:
         assert listening.wait(60), "".join(log)
         with grpc.insecure_channel(f"127.0.0.1:{port[0]}") as channel:
             stub = pb_grpc.GenerationStub(channel)
+            hold.touch()  # the engine is held after the call's first step
             in_flight = stub.GenerateStream(request(heldout[0][0], **LONG), timeout=60)
             next(in_flight)
             proc.send_signal(sig)
@@ -144,6 +154,7 @@ def test_signal_drains_in_flight_calls_and_exits_0(tiny_bundle, heldout, sig):
             with pytest.raises(grpc.RpcError) as info:
                 stub.Generate(request(heldout[1][0]), timeout=10)
             assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+            hold.unlink()  # the held call goes on, to its end, inside the drain
             rest = list(in_flight)
             assert rest[-1].finish_reason == pb.FINISH_REASON_LENGTH and rest[-1].usage.generated_tokens == 30
         assert proc.wait(60) == 0, "".join(log)
@@ -191,7 +202,7 @@ def test_a_signal_during_start_up_exits_0(tiny_bundle, tmp_path):
 def test_importing_the_server_does_not_import_torch():
     """Nor transformers or sentencepiece (the hf extra is for `seqserve import` and the tests only)."""
     code = ("import sys, seqserve.server.app, seqserve.server.service, seqserve.engine.engine, seqserve.cli.main\n"
-            "import seqserve.client.client, seqserve.server.settings, seqserve.engine.constraints\n"
+            "import seqserve.client.client, seqserve.server.settings, seqserve.engine.token_rules\n"
             "import seqserve.server.model_defaults, seqserve.contract.integrity\n"
             "seqserve.cli.main.build_parser()\n"
             "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers', 'sentencepiece'))\n"

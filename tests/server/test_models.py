@@ -230,7 +230,7 @@ def test_a_changed_model_takes_calls_while_its_earlier_version_finishes_one_held
     assert len(held.result(60).token_ids) == 20  # the earlier version finished it whole
     assert s.metric("seqserve_running_requests", model="m") == 0
     wait_for(lambda: not s.app.draining_models, what="the earlier version drained and stopped")
-    assert old._thread is not None and not old._thread.is_alive()
+    assert old.loop.thread is not None and not old.loop.thread.is_alive()
 
 
 def test_a_removed_model_refuses_new_calls_and_finishes_one_held_mid_generation(make_server, tiny_bundle, tmp_path,

@@ -4,10 +4,12 @@ from __future__ import annotations
 import numpy as np
 
 from seqserve.engine.request import SamplingParams
-from seqserve.engine.sampling import choose, sample_row
+from seqserve.engine.sampling import sample_row
+from seqserve.engine.token_rules import TokenRules
 
 EOS = 0
 NONE = np.array([], np.int64)  # no banned ids: every token of these tiny vocabularies is a real one
+RULES = TokenRules.for_request(EOS, NONE)  # the request-level rules alone
 PROBS = np.array([0.05, 0.5, 0.3, 0.15])  # token 1 most likely, then 2, 3, and the end token 0
 
 
@@ -17,7 +19,7 @@ def draws(n: int = 400, output_ids: tuple[int, ...] = (), logits: np.ndarray = n
     for seed in range(n):
         params = SamplingParams(seed=seed, **options)
         chosen.add(sample_row(logits.astype(np.float32), params, np.random.default_rng(params.seed),
-                              np.array(output_ids, np.int64), EOS, NONE))
+                              np.array(output_ids, np.int64), RULES))
     return chosen
 
 
@@ -57,8 +59,11 @@ def test_a_seeded_request_draws_the_same_tokens_whatever_its_batch_mates():
     def run(batch: list[SamplingParams], steps: int = 12) -> list[list[int]]:
         rngs, outputs = [np.random.default_rng(p.seed) for p in batch], [[] for _ in batch]
         for _ in range(steps):
-            per_row = {i: (p, rngs[i], np.array(outputs[i], np.int64)) for i, p in enumerate(batch) if not p.greedy}
-            for out, token in zip(outputs, choose(logits[: len(batch)].copy(), per_row, EOS, NONE).tolist()):
+            chosen = logits[: len(batch)].argmax(axis=-1)  # (B,) greedy rows: the argmax (engine/greedy.py)
+            for i, p in enumerate(batch):
+                if not p.greedy:
+                    chosen[i] = sample_row(logits[i], p, rngs[i], np.array(outputs[i], np.int64), RULES)
+            for out, token in zip(outputs, chosen.tolist()):
                 out.append(token)
         return outputs
 
@@ -73,6 +78,5 @@ def test_sampling_never_returns_the_banned_ids():
     """pad, bos and unk are masked before sampling, however likely the model makes them."""
     special_first = np.log(np.array([0.02, 0.9, 0.05, 0.03]))  # token 1 (say <pad>) dominates
     params = SamplingParams(temperature=1.0, seed=3)
-    rng, banned = np.random.default_rng(params.seed), np.array([1], np.int64)
-    assert {sample_row(special_first.astype(np.float32), params, rng, NONE, EOS, banned) for _ in range(300)} == {
-        0, 2, 3}
+    rng, rules = np.random.default_rng(params.seed), TokenRules.for_request(EOS, np.array([1], np.int64))
+    assert {sample_row(special_first.astype(np.float32), params, rng, NONE, rules) for _ in range(300)} == {0, 2, 3}

@@ -1,5 +1,5 @@
 """The scheduler as pure policy (no onnxruntime): FCFS admission within batch and KV-cache budgets, a bounded queue,
-retirement of finished, cancelled and expired rows."""
+retirement of finished rows, aborts drained at the next schedule and expired deadlines."""
 from __future__ import annotations
 
 import pytest
@@ -20,11 +20,12 @@ def test_fcfs_up_to_max_batch_size_and_a_finished_row_makes_room_at_the_next_ste
     for r in (a, b, c):
         s.add([r])
     plan = s.schedule(now=0.0)
-    assert plan.admitted == [a, b] and s.running == [a, b] and plan.retired == []
-    assert c.status is RequestStatus.WAITING and s.encoded(c) and s.n_waiting == 1  # encoded with the admitted rows
+    assert plan.admitted == [a, b] and s.running == [a, b] and plan.abandoned == []
+    assert c.status is RequestStatus.WAITING and plan.encode == [a, b, c] and s.n_waiting == 1  # encoded ahead
     end(a, FinishReason.EOS, 1.0)
+    s.retire([a])
     plan = s.schedule(now=1.0)
-    assert plan.retired == [a] and plan.admitted == [c] and s.running == [b, c]  # kept rows first, then new ones
+    assert plan.admitted == [c] and plan.encode == [] and s.running == [b, c]  # kept rows first, then new ones
 
 
 def test_kv_budget_counts_the_padded_batch_not_the_sum_of_rows():
@@ -36,6 +37,7 @@ def test_kv_budget_counts_the_padded_batch_not_the_sum_of_rows():
     s.add([long_output])
     assert s.schedule(now=0.0).admitted == [long_source]  # 44 + 44 fits a sum, 160 padded slots do not
     end(long_source, FinishReason.EOS, 1.0)
+    s.retire([long_source])
     assert s.schedule(now=1.0).admitted == [long_output]
 
 
@@ -47,6 +49,7 @@ def test_the_head_waits_for_cache_and_is_never_overtaken():
     assert s.schedule(now=0.0).admitted == [running]
     assert s.schedule(now=0.1).admitted == []  # small would fit, but big is first in line
     end(running, FinishReason.LENGTH, 0.2)
+    s.retire([running])
     assert s.schedule(now=0.2).admitted == [big]  # 44 slots alone; with small, 2 x 44 would not fit
     assert s.n_waiting == 1
 
@@ -76,31 +79,47 @@ def test_a_batch_the_queue_cannot_take_whole_is_refused_whole():
     assert s.n_waiting == 2
 
 
-def test_cancelled_and_expired_rows_leave_running_and_waiting():
-    class Events(list):  # a Sink that keeps every event
-        def put(self, request, event):
-            self.append(event)
-
-        def flush(self):
-            pass
-
-    events = Events()
+def test_aborts_and_passed_deadlines_end_running_and_waiting_requests_at_the_next_schedule():
     s = Scheduler(SchedulerConfig(max_batch_size=2))
     running_cancel, running_late = req(), req(deadline=5.0)
     waiting_cancel, waiting_late = req(), req(deadline=5.0)
     for r in (running_cancel, running_late, waiting_cancel, waiting_late):
-        r.sink = events
         s.add([r])
     s.schedule(now=0.0)
-    running_cancel.cancel()
-    waiting_cancel.cancel()
+    s.abort(running_cancel.id)
+    s.abort(running_cancel.id, deadline=True)  # the first reason stands
+    s.abort(waiting_cancel.id)
+    s.abort(10**9)  # an id it does not hold: ignored
+    assert not any(r.done for r in (running_cancel, waiting_cancel))  # a message: nothing ends before the schedule
     plan = s.schedule(now=6.0)
-    assert plan.retired == [running_cancel, running_late] and s.running == [] and s.n_waiting == 0
-    assert plan.dropped == [waiting_cancel, waiting_late]
+    assert plan.abandoned == [running_cancel, running_late] and s.running == [] and s.n_waiting == 0
+    assert plan.dropped == [waiting_cancel, waiting_late] and s.rows == 0
     assert [r.finish_reason for r in (running_cancel, running_late, waiting_cancel, waiting_late)] == [
         FinishReason.CANCELLED, FinishReason.DEADLINE, FinishReason.CANCELLED, FinishReason.DEADLINE]
-    assert sum(e.result is not None for e in events) == 4  # every request told exactly once
     assert not s.has_work()
+
+
+def test_a_deadline_ends_its_request_at_the_first_schedule_after_it_and_not_before():
+    s = Scheduler(SchedulerConfig())
+    late = req(deadline=5.0)
+    s.add([late])
+    assert s.schedule(now=4.999).admitted == [late] and not late.done
+    plan = s.schedule(now=5.0)
+    assert plan.abandoned == [late] and late.finish_reason is FinishReason.DEADLINE
+    s.abort(late.id, deadline=True)  # the edge's abort of an ended request changes nothing
+    assert s.schedule(now=6.0).abandoned == [] and late.finish_reason is FinishReason.DEADLINE
+
+
+def test_the_deadline_heap_forgets_requests_that_ended_long_before_their_deadline():
+    """A generous deadline (an hour) on every call must not keep every ended call in the heap for that hour."""
+    s = Scheduler(SchedulerConfig(max_batch_size=1))
+    for i in range(1000):
+        r = req(deadline=3600.0)
+        s.add([r])
+        assert s.schedule(now=float(i)).admitted == [r]
+        end(r, FinishReason.EOS, float(i))
+        s.retire([r])
+    assert len(s._deadlines) <= 2 * 1 + 64 + 1  # (the heap itself: nothing outside reads it)
 
 
 def test_encode_ahead_takes_waiting_requests_in_order_within_the_byte_budget():
@@ -112,13 +131,15 @@ def test_encode_ahead_takes_waiting_requests_in_order_within_the_byte_budget():
         s.add([r])
     plan = s.schedule(now=0.0)
     assert plan.admitted == [first] and plan.encode == [first, a, b]  # 40 + 40 bytes; big's 50 would exceed 100
-    assert s.encoded_bytes == 80 and [s.encoded(r) for r in (a, b, big, c)] == [True, True, False, False]
+    assert s.encoded_bytes == 80
     assert {r.status for r in (a, b, big, c)} == {RequestStatus.WAITING}  # a status only moves forward
     end(first, FinishReason.EOS, 1.0)
+    s.retire([first])
     plan = s.schedule(now=1.0)
     assert plan.admitted == [a] and plan.encode == [] and s.encoded_bytes == 40  # a joins without an encoder call
     end(a, FinishReason.EOS, 2.0)
-    b.cancel()
+    s.retire([a])
+    s.abort(b.id)
     plan = s.schedule(now=2.0)
-    assert plan.dropped == [b] and not s.encoded(b) and plan.admitted == [big] and plan.encode == [big, c]
+    assert plan.dropped == [b] and plan.admitted == [big] and plan.encode == [big, c]
     assert s.encoded_bytes == 10  # b's K/V were released when it was cancelled; c (10 bytes) is held now

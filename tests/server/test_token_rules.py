@@ -123,7 +123,39 @@ def test_whether_a_step_needs_the_host_logits_is_the_rules_answer():
     assert rules.need_logits(rows(2, length=[1, 4], max_new=5))  # the forced end token
     assert not rules.need_logits(rows(2, length=[1, 4], max_new=5), on=np.array([True, False]))  # not a live row
     assert rules.need_logits(rows(1, min_new=1))
-    assert rules.acts(rows(1, logprobs=True)) and not rules.need_logits(rows(1, logprobs=True))  # renormalising
+    assert rules.acting(rows(1, logprobs=True)) and not rules.need_logits(rows(1, logprobs=True))  # renormalising
+
+
+def test_the_models_bad_words_forced_bos_and_forced_eos_per_row():
+    """generation_config's rules as transformers' logits processors apply them, on greedy rows' logits."""
+    rules = TokenRules.for_model({"bad_words_ids": [4], "forced_bos_token_id": 1, "forced_eos_token_id": 2}, SPECIAL)
+    scores = np.zeros((3, 6))
+    scores[:, 4] = 9.0  # the banned token is everyone's best
+    rules.apply(scores, rows(3, length=[0, 3, 4], max_new=5))
+    assert scores[0].argmax() == 1 and np.isinf(scores[0, [0, 2, 3, 4, 5]]).all()  # first token: forced BOS
+    assert scores[1, 4] == -np.inf and np.isfinite(scores[1, [0, 1, 2, 3, 5]]).all()  # only the ban
+    assert scores[2].argmax() == 2 and scores[2, 2] == 0 and np.isinf(scores[2, [0, 1, 3, 4, 5]]).all()  # the last
+
+
+def test_never_sampled_keeps_the_end_token_and_a_forced_first_token():
+    special = {"pad_id": 1, "bos_id": 0, "eos_id": 2, "unk_id": 3, "decoder_start_id": 2}  # BART's
+    assert NeverSampled.ids_for(special, forced_bos=0).tolist() == [1, 3]
+    marian = {"pad_id": 9, "bos_id": 9, "eos_id": 0, "unk_id": 1, "decoder_start_id": 9}
+    assert NeverSampled.ids_for(marian, banned=(9,)).tolist() == [1, 9]
+    rules = TokenRules.for_model({"forced_bos_token_id": 0}, special)
+    assert [r.ids.tolist() for r in rules.rules if isinstance(r, NeverSampled)] == [[1, 3]]  # built once, in the list
+
+
+def test_a_rows_own_first_token_replaces_the_models_forced_bos_for_that_row_alone():
+    """A multilingual batch: each row forces its own target language; -1 keeps the model's rule."""
+    rules = TokenRules.for_model({"forced_bos_token_id": 1}, SPECIAL, per_row_first=True)
+    assert ForcedBOS not in {type(r) for r in TokenRules.for_model({}, SPECIAL).rules}
+    assert ForcedBOS in {type(r) for r in TokenRules.for_model({}, SPECIAL, per_row_first=True).rules}
+    scores = np.zeros((4, 6))
+    rules.apply(scores, rows(4, length=[0, 0, 0, 2], max_new=5, first=[4, 5, -1, 3]))
+    assert [int(scores[r].argmax()) for r in range(3)] == [4, 5, 1]  # own, own, the model's
+    assert all(np.isinf(np.delete(scores[r], t)).all() for r, t in ((0, 4), (1, 5), (2, 1)))
+    assert np.isfinite(scores[3]).all()  # past its first token, a row's own token forces nothing
 
 
 @dataclass(frozen=True)
@@ -163,17 +195,22 @@ def _emitted(eng: Engine, sources: list[list[int]]) -> dict[str, list[int]]:
     return {kind: [t for r in rs for s in r.sequences for t in s.token_ids] for kind, rs in requests.items()}
 
 
+def _use(eng: Engine, rules: TokenRules) -> None:
+    """The list every decider reads (as TokenRules.for_model would build it with the rule's line added)."""
+    eng.rules = eng.choice.rules = eng.choice.greedy.rules = eng.choice.sampler.rules = eng.beams.rules = rules
+
+
 def test_a_rule_added_to_the_list_acts_on_greedy_sampled_and_beam_rows_alike(engine_and_sources):
     eng, sources = engine_and_sources
     before = _emitted(eng, sources)
     banned = Counter(before["greedy"]).most_common(1)[0][0]  # the greedy rows' commonest token
     assert all(banned in ids for ids in before.values())  # every kind of row emits it without the rule
-    model_rules = eng.choice.rules
-    eng.choice.rules = eng.beams.rules = model_rules + BanOne(banned)
+    model_rules = eng.rules
+    _use(eng, model_rules + BanOne(banned))
     try:
         after = _emitted(eng, sources)
     finally:
-        eng.choice.rules = eng.beams.rules = model_rules
+        _use(eng, model_rules)
     assert all(ids and banned not in ids for ids in after.values())
     assert _emitted(eng, sources) == before  # without it, as before
 

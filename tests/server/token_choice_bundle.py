@@ -33,5 +33,7 @@ class Recording(Runner):
 
     def run_step(self, need):
         out = super().run_step(need)
-        self.fetched.append(out.fetched)
+        pairs = ((names.LOGITS, out.logits), (names.NEXT_TOKEN_IDS, out.ids), (names.TOP_TOKEN_IDS, out.top_ids),
+                 (names.TOP_LOGPROBS, out.top_logprobs))
+        self.fetched.append(tuple(name for name, value in pairs if value is not None))  # the outputs it copied
         return out

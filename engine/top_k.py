@@ -1,0 +1,25 @@
+"""The k best tokens of one step, ties to the lower id: what a row's top_logprobs alternatives and the beam step's
+exact tie-breaks share (greedy and sampled rows reach it without any beam code)."""
+from __future__ import annotations
+
+import numpy as np
+
+
+def best(values: np.ndarray, k: int) -> np.ndarray:
+    """Indices of the k largest values, best first, ties to the lower index: a stable sort of only the values at or
+    above the k-th largest (a full sort of the vocabulary every step would cost more than the selection)."""
+    if k <= 0:
+        return np.zeros(0, np.int64)
+    if k < values.size:
+        kth = np.partition(values, values.size - k)[values.size - k]
+        candidates = np.flatnonzero(values >= kth)  # ascending: ties keep the lower index first in a stable sort
+    else:
+        candidates = np.arange(values.size)
+    return candidates[np.argsort(-values[candidates], kind="stable")][:k]
+
+
+def top_alternatives(logprobs: np.ndarray, n: int) -> tuple[tuple[int, float], ...]:
+    """The n most likely (token, logprob) of one step, the most likely first (ties: the lower id)."""
+    if not n:
+        return ()
+    return tuple((int(t), float(logprobs[t])) for t in best(logprobs, n))
