@@ -237,7 +237,8 @@ async def _concurrent(stub, load: StreamLoad, options: pb.DecodingOptions) -> di
             "server_tokens": int(server1 - server0), "client_tokens_per_s": round((client1 - client0) / window, 1),
             "server_tokens_per_s": round((server1 - server0) / window, 1), "calls": sum(tally.lengths.values()),
             "calls_by_generated_tokens": {str(k): v for k, v in sorted(tally.lengths.items())},
-            "messages": tally.messages, "cpu_s": round(cpu1 - cpu0, 3), "server_cpu_s": round(server_cpu, 3) if server_cpu is not None else None}
+            "messages": tally.messages, "cpu_s": round(cpu1 - cpu0, 3),
+            "server_cpu_s": round(server_cpu, 3) if server_cpu is not None else None}
 
 
 async def _sequential(stub, load: StreamLoad, options: pb.DecodingOptions) -> dict:

@@ -9,6 +9,11 @@ the edge's time plus the engine's, so the most a Python edge in front of this en
 and, every call forced to the same number of tokens, in tokens/s: 1 / (1 / bare tokens/s + 1 / engine tokens/s).
 served / ceiling is 1.0 where our own edge costs nothing beyond grpc.aio's. Unary (Generate) and streaming
 (GenerateStream: the bare servicer sends one message per token) each get their row; both counted by the clients.
+
+On a shared machine other work takes the pinned core too, by different amounts in each phase, so wall-clock figures
+from different phases compare poorly. The same ratio in CPU time does not depend on that: each server's CPU
+seconds over its window (/proc) and the offline engine's own (process time) per token, and
+served / ceiling (CPU) = (bare CPU per token + engine CPU per token) / served CPU per token.
 """
 from __future__ import annotations
 
@@ -50,9 +55,16 @@ def ceiling_tokens_per_s(bare_tokens_per_s: float, engine_tokens_per_s: float) -
     return 1.0 / (1.0 / bare_tokens_per_s + 1.0 / engine_tokens_per_s)
 
 
-def row(served: dict, bare_window: dict, engine_tokens_per_s: float) -> dict:
-    """One kind's figures: served, bare and engine tokens/s, the ceiling, and served / ceiling."""
+def cpu_us_per_token(window_figures: dict) -> float:
+    """A server's CPU microseconds per token over its window (its process tree's CPU / the tokens received)."""
+    return 1e6 * window_figures["server_cpu_s"] / max(1, window_figures["client_tokens"])
+
+
+def row(served: dict, bare_window: dict, engine_tokens_per_s: float, engine_cpu_us_per_token: float) -> dict:
+    """One kind's figures: served, bare and engine tokens/s, the ceiling, and served / ceiling (wall and CPU)."""
     top = ceiling_tokens_per_s(bare_window["client_tokens_per_s"], engine_tokens_per_s)
+    cpu = {"served": cpu_us_per_token(served), "bare": cpu_us_per_token(bare_window),
+           "engine_offline": engine_cpu_us_per_token}
     return {"served_tokens_per_s": served["client_tokens_per_s"], "bare_tokens_per_s":
             bare_window["client_tokens_per_s"], "engine_offline_tokens_per_s": engine_tokens_per_s,
             "ceiling_tokens_per_s": round(top, 1), "served_per_ceiling": round(served["client_tokens_per_s"] / top, 3),
@@ -61,17 +73,23 @@ def row(served: dict, bare_window: dict, engine_tokens_per_s: float) -> dict:
             "served_cpu_cores_busy": served["server_cpu_cores_busy"],
             "bare_cpu_cores_busy": bare_window["server_cpu_cores_busy"],
             "client_cpu_cores_busy": [served["client_cpu_cores_busy"], bare_window["client_cpu_cores_busy"]],
+            "cpu_us_per_token": {k: round(v, 2) for k, v in cpu.items()},
+            "served_per_ceiling_cpu": round((cpu["bare"] + cpu["engine_offline"]) / cpu["served"], 3),
             "bare": bare_window}
 
 
 def table(edge: dict, streams: int, tokens: int) -> str:
     head = (f"| {streams} concurrent calls of {tokens} tokens | served tokens/s | bare servicer | engine offline | "
-            "ceiling | served / ceiling | messages per call (served, bare) |")
-    lines = [head, "|---|---:|---:|---:|---:|---:|---:|"]
+            "ceiling | served / ceiling | CPU us per token (served, bare, engine) | served / ceiling, CPU | "
+            "messages per call (served, bare) |")
+    lines = [head, "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for kind in KINDS:
         r = edge[kind]
+        cpu = r["cpu_us_per_token"]
         lines.append(f"| {kind} | {r['served_tokens_per_s']:,.0f} | {r['bare_tokens_per_s']:,.0f} | "
                      f"{r['engine_offline_tokens_per_s']:,.0f} | {r['ceiling_tokens_per_s']:,.0f} | "
-                     f"{r['served_per_ceiling']:.2f} | {r['served_messages_per_call']:.1f}, "
+                     f"{r['served_per_ceiling']:.2f} | {cpu['served']:.1f}, {cpu['bare']:.1f}, "
+                     f"{cpu['engine_offline']:.1f} | {r['served_per_ceiling_cpu']:.2f} | "
+                     f"{r['served_messages_per_call']:.1f}, "
                      f"{r['bare_messages_per_call']:.1f} |")
     return "\n".join(lines)

@@ -129,6 +129,7 @@ def offline(cfg: ServerBenchConfig, sources: list[list[int]]) -> dict:
         tokens = sum(map(len, run.outputs))
         out[f"b{batch}"] = {"batch_size": batch, "tokens_per_s": round(tokens / run.wall_s, 1),
                             "ms_per_input": round(1e3 * run.wall_s / len(sources), 3), "device": run.device,
+                            "cpu_us_per_token": round(1e6 * run.cpu_s / tokens, 2),
                             "graph": run.graph,
                             "lengths": sorted({len(o) for o in run.outputs})}
     return out
@@ -198,7 +199,7 @@ def bench(cfg: ServerBenchConfig) -> dict:
     concurrent["server_per_engine"] = round(concurrent["server_tokens_per_s"] / batched["tokens_per_s"], 3)
     sequential["engine_offline_ms_per_input"] = one["ms_per_input"]
     sequential["engine_per_server"] = round(one["ms_per_input"] / sequential["mean_ms"], 3)
-    edge = {kind: edge_ceiling.row(served_window, bare[kind], batched["tokens_per_s"])
+    edge = {kind: edge_ceiling.row(served_window, bare[kind], batched["tokens_per_s"], batched["cpu_us_per_token"])
             for kind, served_window in (("unary", unary), ("stream", concurrent))}
     edge["unary"]["served"] = unary
     return {"command": cfg.command(), "server_command": shlex.join(argv),

@@ -85,6 +85,11 @@ def test_the_edge_rows_put_served_beside_the_bare_servicer_and_the_engine_in_the
         assert row["served_per_ceiling"] == pytest.approx(row["served_tokens_per_s"] / row["ceiling_tokens_per_s"],
                                                           rel=1e-2)
         assert f"| {kind} | {row['served_tokens_per_s']:,.0f} | {row['bare_tokens_per_s']:,.0f} |" in markdown
+        cpu = row["cpu_us_per_token"]  # CPU seconds per token: each server's over its window, the engine's own
+        assert cpu["bare"] == pytest.approx(1e6 * row["bare"]["server_cpu_s"] / row["bare"]["client_tokens"], rel=1e-2)
+        assert cpu["engine_offline"] == data["engine_offline"][f"b{STREAMS}"]["cpu_us_per_token"] > 0
+        assert row["served_per_ceiling_cpu"] == pytest.approx((cpu["bare"] + cpu["engine_offline"]) / cpu["served"],
+                                                              rel=1e-2)
     unary = data["edge"]["unary"]["served"]
     assert unary["calls"] >= STREAMS and unary["calls_by_generated_tokens"] == {str(MAX_NEW): unary["calls"]}
     assert unary["server_tokens"] > 0  # the served unary window is counted by the server too
