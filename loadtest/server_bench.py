@@ -1,4 +1,4 @@
-"""The pinned server benchmark: does the gRPC path keep up with the engine? (issue 10)
+"""The pinned server benchmark: does the gRPC path keep up with the engine?
 
     python -m seqserve.loadtest.server_bench --bundle artifacts/bundle --markdown reports/server-bench.md
 
@@ -9,7 +9,10 @@ On one machine, in one run:
      batch --max-batch-size), and --client-processes grpc.aio client processes (loadtest/bench_streams.py), each
      pinned to one of the other cores (from --client-core on, in turn): --streams concurrent streams shared among
      them for a timed window, then --sequential-requests calls one at a time. The clients' CPU time over the window
-     is reported next to the server's, so a client limit is never read as a server one.
+     is reported next to the server's, so a client limit is never read as a server one; then a window of unary
+     Generate calls on the same server;
+  3. the bare servicer (loadtest/bare_servicer.py: a grpc.aio servicer on our proto that does nothing but answer)
+     pinned the same way, a window of each kind: served / ceiling, unary and streaming (loadtest/edge_ceiling.py).
 Every generation is forced to --max-new-tokens tokens (min_new_tokens = max_new_tokens), offline and served. The
 ratios: served tokens/s (the server's own /metrics count over the window) / offline tokens/s at the same batch, and
 offline ms per input at batch 1 / served ms per call at concurrency 1 (1.0 = the gRPC path costs nothing).
