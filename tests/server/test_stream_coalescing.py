@@ -57,7 +57,7 @@ def _unary(client: Client, source: str):
 
 def test_each_step_s_token_reaches_the_client_before_the_engine_takes_another_step(make_server, heldout):
     source = heldout[0][0]
-    s, gate, client, pieces = _held_stream(make_server, source)
+    _, gate, client, pieces = _held_stream(make_server, source)
     got = [next(pieces)]  # the first step's token, the engine held after it
     for _ in range(N - 2):
         gate.run(1)
