@@ -79,16 +79,17 @@ class RowRun:
     peak_rss_mb: float  # peak RSS of this row's own process (model, libraries and interpreter included)
     device: str  # where it actually ran, e.g. CPUExecutionProvider
     graph: str | None = None  # onnxruntime rows: the decoder graph run (decoder_inplace or decoder)
+    cpu_s: float | None = None  # this process's CPU time (every thread) over the same decoding
 
 
 def run_row(spec: RowSpec, work: Workload) -> RowRun:
     """Runs in a fresh (spawned) process; see the module docstring."""
     generate, device, graph = LOADERS[spec.backend](spec, work)
     generate(work.sources[: spec.batch_size], WARMUP_TOKENS)  # first-run allocations and lazy init stay untimed
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     outputs = generate(work.sources, work.max_new_tokens)
-    wall = time.perf_counter() - start
-    return RowRun(outputs, wall, peak_rss_mb(), device, graph)
+    wall, cpu = time.perf_counter() - start, time.process_time() - cpu
+    return RowRun(outputs, wall, peak_rss_mb(), device, graph, cpu)
 
 
 def peak_rss_mb() -> float:

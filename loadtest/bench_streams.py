@@ -2,14 +2,17 @@
 one core.
 
 Two phases against one running server:
-  * concurrent: `streams` GenerateStream calls in flight at all times, spread over `processes` client processes
-    (each stream starts the next input as soon as its call ends). Every process connects, then all start together
-    (a barrier), warm up, and count over one timed window: the tokens they received in it, and the server's own
-    count (the /metrics counter seqserve_generated_tokens_total, read by process 0 at both ends of the window);
+  * concurrent: `streams` calls in flight at all times (GenerateStream; Generate when unary), spread over
+    `processes` client processes (each stream starts the next input as soon as its call ends). Every process
+    connects, then all start together (a barrier), warm up, and count over one timed window: the tokens they
+    received in it, and the server's own count (the /metrics counter seqserve_generated_tokens_total, read by
+    process 0 at both ends of the window);
   * sequential: one call at a time (concurrency 1) from process 0, once every concurrent call has ended, each
     call's latency from sending to its last message.
 Over the window every process measures its own CPU time (user + system, all its threads), and process 0 the
 server's (/proc/PID/stat): a client process near one busy core is the limit, not the server.
+Streams count the messages each call received (messages_per_call). Without a metrics URL (the bare servicer has none)
+the server's count is not read.
 Every call asks for min_new_tokens = max_new_tokens, so each generates exactly that many tokens; the counts of
 calls by generated length are reported, so a call that was cut short shows. Every call is greedy, as the offline
 engine row it is compared with, even where the model's defaults say beam search (an imported opus-mt: num_beams 4).
@@ -38,7 +41,7 @@ RESULT_SLACK_S = 120.0  # beyond warm-up, window and the sequential calls' own t
 @dataclass(frozen=True)
 class StreamLoad:
     address: str  # host:port of the gRPC server
-    metrics_url: str  # its /metrics
+    metrics_url: str | None  # its /metrics (None: the server's count is not read)
     inputs: list[str]  # source texts, used in turn
     streams: int  # over every process
     warmup_s: float
@@ -49,6 +52,7 @@ class StreamLoad:
     process: int = 0  # this process's index: it runs streams process, process + processes, ...
     processes: int = 1
     server_pid: int | None = None  # process 0 reads its CPU time over the window (None: not measured)
+    unary: bool = False  # Generate calls instead of GenerateStream
 
 
 def run(load: StreamLoad, barrier=None) -> dict:
@@ -106,6 +110,7 @@ def merge(parts: list[dict]) -> dict:
     first = parts[0]["concurrent"]
     window = first["window_s"]
     client_tokens = sum(p["concurrent"]["client_tokens"] for p in parts)
+    messages = sum(p["concurrent"]["messages"] for p in parts)
     lengths: collections.Counter[int] = collections.Counter()
     for p in parts:
         lengths.update({int(k): v for k, v in p["concurrent"]["calls_by_generated_tokens"].items()})
@@ -118,6 +123,7 @@ def merge(parts: list[dict]) -> dict:
                   "client_tokens": client_tokens, "server_tokens": first["server_tokens"],
                   "client_tokens_per_s": round(client_tokens / window, 1),
                   "server_tokens_per_s": first["server_tokens_per_s"], "calls": sum(lengths.values()),
+                  "messages_per_call": round(messages / max(1, sum(lengths.values())), 2),
                   "calls_by_generated_tokens": {str(k): v for k, v in sorted(lengths.items())},
                   "client_processes": len(parts), "client_cpu_s": round(client_cpu, 3),
                   "client_cpu_cores_busy": round(sum(p["cpu_cores_busy"] for p in per_process), 3),
@@ -141,7 +147,8 @@ async def _run(load: StreamLoad, barrier) -> dict:
         await _wait(barrier)  # every process connected: the streams start together
         concurrent = await _concurrent(stub, load, options)
         await _wait(barrier)  # every concurrent call has ended before the sequential phase
-        sequential = await _sequential(stub, load, options) if load.process == 0 else None
+        sequential = await _sequential(stub, load, options) if load.process == 0 and load.sequential_requests \
+            else None
     return {"process": load.process, "core": load.core, "concurrent": concurrent, "sequential": sequential,
             "cores": sorted(os.sched_getaffinity(0))}
 
@@ -180,24 +187,33 @@ def children(pid: int) -> list[int]:
 
 
 class _Tally:
-    def __init__(self) -> None:
+    def __init__(self, unary: bool = False) -> None:
+        self.unary = unary  # Generate calls (one answer each) instead of streams
         self.tokens = 0  # received so far, over every stream
+        self.messages = 0  # messages received by the calls that ended
         self.lengths: collections.Counter[int] = collections.Counter()  # finished calls by tokens generated
 
 
 async def _call(stub, text: str, options: pb.DecodingOptions, tally: _Tally) -> int:
-    """One GenerateStream call to its end; returns the tokens it generated."""
-    n = 0
-    async for message in stub.GenerateStream(pb.GenerateRequest(input=text, options=options)):
-        n += len(message.token_ids)
-        tally.tokens += len(message.token_ids)
+    """One call (GenerateStream, or Generate when the tally is unary) to its end; returns the tokens it generated."""
+    request = pb.GenerateRequest(input=text, options=options)
+    if tally.unary:
+        n, messages = len((await stub.Generate(request)).token_ids), 1
+        tally.tokens += n
+    else:
+        n = messages = 0
+        async for message in stub.GenerateStream(request):
+            n, messages = n + len(message.token_ids), messages + 1
+            tally.tokens += len(message.token_ids)
     tally.lengths[n] += 1
+    tally.messages += messages
     return n
 
 
 async def _concurrent(stub, load: StreamLoad, options: pb.DecodingOptions) -> dict:
-    tally, stop = _Tally(), asyncio.Event()
+    tally, stop = _Tally(load.unary), asyncio.Event()
     lead = load.process == 0  # reads the server's counter and CPU time
+    counted = lead and load.metrics_url is not None
 
     async def stream(i: int) -> None:
         while not stop.is_set():
@@ -209,10 +225,10 @@ async def _concurrent(stub, load: StreamLoad, options: pb.DecodingOptions) -> di
     await asyncio.sleep(load.warmup_s)
     server_cpu0 = cpu_seconds(load.server_pid) if lead and load.server_pid else None
     start, client0, cpu0 = time.perf_counter(), tally.tokens, time.process_time()
-    server0 = await _scrape(load.metrics_url) if lead else 0.0
+    server0 = await _scrape(load.metrics_url) if counted else 0.0
     await asyncio.sleep(load.duration_s)
     end, client1, cpu1 = time.perf_counter(), tally.tokens, time.process_time()
-    server1 = await _scrape(load.metrics_url) if lead else 0.0
+    server1 = await _scrape(load.metrics_url) if counted else 0.0
     server_cpu = cpu_seconds(load.server_pid) - server_cpu0 if server_cpu0 is not None else None
     stop.set()
     await asyncio.gather(*tasks)  # in-flight calls finish normally (nothing is cancelled mid-way)
@@ -221,7 +237,8 @@ async def _concurrent(stub, load: StreamLoad, options: pb.DecodingOptions) -> di
             "server_tokens": int(server1 - server0), "client_tokens_per_s": round((client1 - client0) / window, 1),
             "server_tokens_per_s": round((server1 - server0) / window, 1), "calls": sum(tally.lengths.values()),
             "calls_by_generated_tokens": {str(k): v for k, v in sorted(tally.lengths.items())},
-            "cpu_s": round(cpu1 - cpu0, 3), "server_cpu_s": round(server_cpu, 3) if server_cpu is not None else None}
+            "messages": tally.messages, "cpu_s": round(cpu1 - cpu0, 3),
+            "server_cpu_s": round(server_cpu, 3) if server_cpu is not None else None}
 
 
 async def _sequential(stub, load: StreamLoad, options: pb.DecodingOptions) -> dict:

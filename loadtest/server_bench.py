@@ -9,7 +9,10 @@ On one machine, in one run:
      batch --max-batch-size), and --client-processes grpc.aio client processes (loadtest/bench_streams.py), each
      pinned to one of the other cores (from --client-core on, in turn): --streams concurrent streams shared among
      them for a timed window, then --sequential-requests calls one at a time. The clients' CPU time over the window
-     is reported next to the server's, so a client limit is never read as a server one.
+     is reported next to the server's, so a client limit is never read as a server one; then a window of unary
+     Generate calls on the same server;
+  3. the bare servicer (loadtest/bare_servicer.py: a grpc.aio servicer on our proto that does nothing but answer)
+     pinned the same way, a window of each kind: served / ceiling, unary and streaming (loadtest/edge_ceiling.py).
 Every generation is forced to --max-new-tokens tokens (min_new_tokens = max_new_tokens), offline and served. The
 ratios: served tokens/s (the server's own /metrics count over the window) / offline tokens/s at the same batch, and
 offline ms per input at batch 1 / served ms per call at concurrency 1 (1.0 = the gRPC path costs nothing).
@@ -25,23 +28,20 @@ import multiprocessing
 import os
 import shlex
 import shutil
-import signal
-import socket
 import subprocess
 import sys
-import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
-from seqserve.client.healthcheck import check
 from seqserve.contract.devices import DEVICES
 from seqserve.contract.manifest import load_manifest
 from seqserve.contract.tokenizer import load_tokenizer
 from seqserve.contract.tsv import heldout_pairs
-from seqserve.loadtest import bench_report, bench_streams
+from seqserve.loadtest import bench_report, bench_streams, edge_ceiling
 from seqserve.loadtest.bench_rows import ENGINE, RowSpec, Workload, run_row
+from seqserve.loadtest.pinned_server import free_port, launched
 
 PROG = "python -m seqserve.loadtest.server_bench"
 MAX_CLIENT_PROCESSES = 64
@@ -132,15 +132,10 @@ def offline(cfg: ServerBenchConfig, sources: list[list[int]]) -> dict:
         tokens = sum(map(len, run.outputs))
         out[f"b{batch}"] = {"batch_size": batch, "tokens_per_s": round(tokens / run.wall_s, 1),
                             "ms_per_input": round(1e3 * run.wall_s / len(sources), 3), "device": run.device,
+                            "cpu_us_per_token": round(1e6 * run.cpu_s / tokens, 2),
                             "graph": run.graph,
                             "lengths": sorted({len(o) for o in run.outputs})}
     return out
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def server_argv(cfg: ServerBenchConfig, port: int, metrics_port: int) -> list[str]:
@@ -159,26 +154,11 @@ def server_argv(cfg: ServerBenchConfig, port: int, metrics_port: int) -> list[st
 def served(cfg: ServerBenchConfig):
     """`seqserve serve` pinned to the server core, until it answers SERVING; yields (argv, address, metrics URL,
     its process id)."""
-    port, metrics_port = _free_port(), _free_port()
+    port, metrics_port = free_port(), free_port()
     argv = server_argv(cfg, port, metrics_port)
     address = f"127.0.0.1:{port}"
-    with tempfile.TemporaryFile("w+") as log:
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
-        try:
-            deadline = time.monotonic() + cfg.startup_timeout_s
-            while check(address, timeout=1.0) != "SERVING":
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    log.seek(0)
-                    raise RuntimeError(f"the server did not come up: {log.read()[-2000:]}")
-                time.sleep(0.2)
-            yield argv, address, f"http://127.0.0.1:{metrics_port}/metrics", proc.pid  # taskset execs: the server
-        finally:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+    with launched(argv, address, cfg.startup_timeout_s) as pid:
+        yield argv, address, f"http://127.0.0.1:{metrics_port}/metrics", pid
 
 
 def uptime() -> str:
@@ -213,6 +193,8 @@ def bench(cfg: ServerBenchConfig) -> dict:
                                         cfg.duration_s, cfg.max_new_tokens, cfg.sequential_requests, server_pid=pid)
         budget = cfg.startup_timeout_s + cfg.warmup_s + cfg.duration_s + bench_streams.RESULT_SLACK_S
         client = bench_streams.run_processes(load, cfg.client_cores, budget + cfg.sequential_requests)
+        unary = edge_ceiling.window(cfg, address, metrics_url, texts, pid, unary=True)
+    bare_command, bare = edge_ceiling.bare(cfg, texts)
     batched, one = engine[f"b{cfg.max_batch_size}"], engine["b1"]
     machine["onnxruntime_providers_used"] = [one["device"]]  # the server runs the same (--device is passed on)
     concurrent, sequential = client["concurrent"], client["sequential"]
@@ -220,12 +202,15 @@ def bench(cfg: ServerBenchConfig) -> dict:
     concurrent["server_per_engine"] = round(concurrent["server_tokens_per_s"] / batched["tokens_per_s"], 3)
     sequential["engine_offline_ms_per_input"] = one["ms_per_input"]
     sequential["engine_per_server"] = round(one["ms_per_input"] / sequential["mean_ms"], 3)
+    edge = {kind: edge_ceiling.row(served_window, bare[kind], batched["tokens_per_s"], batched["cpu_us_per_token"])
+            for kind, served_window in (("unary", unary), ("stream", concurrent))}
+    edge["unary"]["served"] = unary
     return {"command": cfg.command(), "server_command": shlex.join(argv),
             "created": datetime.datetime.now().astimezone().isoformat(), "machine": machine,
             "uptime_before": before, "uptime_after": uptime(),
             "settings": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(cfg).items()},
             "client_cores": client["cores"], "concurrent": concurrent, "sequential": sequential,
-            "engine_offline": engine}
+            "engine_offline": engine, "bare_command": shlex.join(bare_command), "edge": edge}
 
 
 def table(report: dict) -> str:
@@ -238,6 +223,10 @@ def table(report: dict) -> str:
         f"{report['settings']['max_batch_size']}) | {c['server_per_engine']:.2f}x |",
         f"| concurrency 1, ms per request | {s['mean_ms']:.2f} (p50 {s['p50_ms']:.2f}, p99 {s['p99_ms']:.2f}) | "
         f"{s['engine_offline_ms_per_input']:.2f} (batch 1) | {s['engine_per_server']:.2f}x |"])
+
+
+def edge_table(report: dict) -> str:
+    return edge_ceiling.table(report["edge"], report["concurrent"]["streams"], report["settings"]["max_new_tokens"])
 
 
 def cpu_line(report: dict) -> str:
@@ -256,7 +245,9 @@ def markdown_section(report: dict) -> str:
                       f"Server: `{report['server_command']}`.", "",
                       f"Machine: {bench_report.describe(report['machine'])}.",
                       f"`uptime` before: `{report['uptime_before']}`; after: `{report['uptime_after']}`.", "",
-                      table(report), "", cpu_line(report), ""])
+                      table(report), "", cpu_line(report), "",
+                      f"The edge against its ceiling (bare servicer: `{report['bare_command']}`):", "",
+                      edge_table(report), ""])
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -309,6 +300,7 @@ def main(argv: list[str] | None = None) -> int:
     out.write_text(json.dumps(report, indent=2) + "\n")
     print(table(report))
     print(cpu_line(report))
+    print(edge_table(report))
     print(f"uptime before: {report['uptime_before']}\nuptime after: {report['uptime_after']}\n-> {out}")
     if cfg.markdown is not None:
         cfg.markdown.parent.mkdir(parents=True, exist_ok=True)

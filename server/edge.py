@@ -31,13 +31,19 @@ Code = grpc.StatusCode
 class Edge(grpc.aio.ServerInterceptor):
     def __init__(self, metrics: Metrics, counted_service: str) -> None:
         self.metrics, self.counted_service = metrics, counted_service
+        self._served: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}  # path -> (given, served)
 
     async def intercept_service(self, continuation, details: grpc.HandlerCallDetails):
         handler = await continuation(details)
+        known = self._served.get(details.method)
+        if known is not None and known[0] is handler:  # built once per method: no closures per call
+            return known[1]
         service, _, method = details.method.lstrip("/").partition("/")
         if handler is None or service != self.counted_service or handler.request_streaming:
             return handler
-        return _reading(handler, lambda code: self.metrics.requests.labels("", method, code.name).inc())
+        served = _reading(handler, lambda code: self.metrics.requests.labels("", method, code.name).inc())
+        self._served[details.method] = handler, served
+        return served
 
 
 def _reading(handler: grpc.RpcMethodHandler, unread) -> grpc.RpcMethodHandler:

@@ -21,11 +21,6 @@ class InvalidOption(ValueError):
     """An option outside its range: the message names the field (the service answers INVALID_ARGUMENT)."""
 
 
-def _check(ok: bool, message: str) -> None:
-    if not ok:
-        raise InvalidOption(message)
-
-
 def _given(o, name: str, default):
     """The request's value, or default when it left the field unset (no presence: the zero value means unset)."""
     value = getattr(o, name)
@@ -36,45 +31,57 @@ def _given(o, name: str, default):
 
 def sampling_params(o, limits: Limits, defaults: SamplingParams = NO_DEFAULTS,
                     forced_eos: bool = False) -> SamplingParams:
-    """The validated options; seed is None when the request left it unset (the service draws one per input).
+    """The validated options; seed is None when the request left it unset (the service draws one per input). Each
+    message is formatted only when its check fails: a valid request, the common case, pays for none.
     forced_eos: the model forces its end token at max_new_tokens, which wins over min_new_tokens (as in HF)."""
     cap = limits.max_new_tokens
     max_new = o.max_new_tokens if o.HasField("max_new_tokens") else limits.default_max_new_tokens
-    _check(1 <= max_new <= cap, f"options.max_new_tokens must be in [1, {cap}], got {max_new}")
+    if not (1 <= max_new <= cap):
+        raise InvalidOption(f"options.max_new_tokens must be in [1, {cap}], got {max_new}")
     min_new = _given(o, "min_new_tokens", min(defaults.min_new_tokens, max_new))  # a default never exceeds the cap
     if forced_eos:
         min_new = min(min_new, max_new - 1)
-    _check(min_new <= max_new, f"options.min_new_tokens must be at most max_new_tokens ({max_new}), got {min_new}")
+    if min_new > max_new:
+        raise InvalidOption(f"options.min_new_tokens must be at most max_new_tokens ({max_new}), got {min_new}")
     beam_request = o.num_beams > 1  # no presence: 0 = unset
     if beam_request:  # beam search, as transformers' generate(num_beams=4): the model's sampling defaults stay out
         defaults = dataclasses.replace(defaults, temperature=0.0)
-        _check(o.HasField("repetition_penalty") or defaults.repetition_penalty == 1,
-               f"options.num_beams must be 1 with this model's repetition_penalty ({defaults.repetition_penalty:g}); "
-               f"set options.repetition_penalty to 1 for beam search, got num_beams {o.num_beams}")
+        if not (o.HasField("repetition_penalty") or defaults.repetition_penalty == 1):
+            raise InvalidOption(f"options.num_beams must be 1 with this model's repetition_penalty "
+                                f"({defaults.repetition_penalty:g}); set options.repetition_penalty to 1 for beam "
+                                f"search, got num_beams {o.num_beams}")
     temperature = float(_given(o, "temperature", defaults.temperature))
-    _check(temperature in TEMPERATURE,
-           f"options.temperature must be finite and >= 0 (in {TEMPERATURE}), got {temperature:g}")
+    if temperature not in TEMPERATURE:
+        raise InvalidOption(f"options.temperature must be finite and >= 0 (in {TEMPERATURE}), got {temperature:g}")
     top_k = _given(o, "top_k", defaults.top_k)
-    _check(top_k >= 0, f"options.top_k must be >= 0 (0 = disabled), got {top_k}")
+    if top_k < 0:
+        raise InvalidOption(f"options.top_k must be >= 0 (0 = disabled), got {top_k}")
     top_p = float(_given(o, "top_p", defaults.top_p))
-    _check(top_p in TOP_P, f"options.top_p must be in {TOP_P}, got {top_p:g}")
+    if top_p not in TOP_P:
+        raise InvalidOption(f"options.top_p must be in {TOP_P}, got {top_p:g}")
     penalty = float(_given(o, "repetition_penalty", defaults.repetition_penalty))
-    _check(penalty in REPETITION_PENALTY,
-           f"options.repetition_penalty must be finite and > 0 (in {REPETITION_PENALTY}), got {penalty:g}")
+    if penalty not in REPETITION_PENALTY:
+        raise InvalidOption(f"options.repetition_penalty must be finite and > 0 (in {REPETITION_PENALTY}), "
+                            f"got {penalty:g}")
     stop = tuple(o.stop) or defaults.stop
     check_stop(stop, limits)
     plain = temperature == 0 and not stop and penalty == 1  # a request that samples or stops gets no default beams
     beams, most = _given(o, "num_beams", defaults.num_beams if plain else 1), limits.max_num_beams
-    _check(beams <= most, f"options.num_beams must be in [1, {most}] (max_num_beams), got {beams}")
+    if beams > most:
+        raise InvalidOption(f"options.num_beams must be in [1, {most}] (max_num_beams), got {beams}")
     n = _given(o, "num_return_sequences", min(defaults.num_return_sequences, beams))
     length_penalty = float(_given(o, "length_penalty", defaults.length_penalty))
     problem = beam_problem(beams, n, length_penalty)
-    _check(problem is None, f"options.{problem}")
+    if problem is not None:
+        raise InvalidOption(f"options.{problem}")
     top, most = o.top_logprobs, limits.max_top_logprobs
-    _check(top <= most, f"options.top_logprobs must be in [0, {most}] (max_top_logprobs), got {top}")
-    _check(o.return_logprobs or not top, "options.top_logprobs needs options.return_logprobs")
+    if top > most:
+        raise InvalidOption(f"options.top_logprobs must be in [0, {most}] (max_top_logprobs), got {top}")
+    if top and not o.return_logprobs:
+        raise InvalidOption("options.top_logprobs needs options.return_logprobs")
     problem = beam_problem(beams, n, length_penalty, temperature, penalty, stop)
-    _check(problem is None, f"options.{problem}")
+    if problem is not None:
+        raise InvalidOption(f"options.{problem}")
     return dataclasses.replace(
         defaults, max_new_tokens=max_new, min_new_tokens=min_new, temperature=temperature, top_k=top_k, top_p=top_p,
         repetition_penalty=penalty, stop=stop, seed=o.seed if o.HasField("seed") else None, num_beams=beams,
@@ -86,12 +93,16 @@ def sampling_params(o, limits: Limits, defaults: SamplingParams = NO_DEFAULTS,
 def check_stop(stop: tuple[str, ...], limits: Limits) -> None:
     """The stop strings within their limits (server/request_bounds.py asks the same of an engine process's requests)."""
     most = limits.max_stop_strings
-    _check(len(stop) <= most, f"options.stop has {len(stop)} strings, more than max_stop_strings={most}")
+    if len(stop) > most:
+        raise InvalidOption(f"options.stop has {len(stop)} strings, more than max_stop_strings={most}")
     each, total = limits.max_stop_string_bytes, 0
     for i, s in enumerate(stop):
-        _check(s != "", f"options.stop[{i}] must not be empty")
+        if s == "":
+            raise InvalidOption(f"options.stop[{i}] must not be empty")
         size = len(s.encode())
-        _check(size <= each, f"options.stop[{i}] has {size} bytes, more than max_stop_string_bytes={each}")
+        if size > each:
+            raise InvalidOption(f"options.stop[{i}] has {size} bytes, more than max_stop_string_bytes={each}")
         total += size
-    _check(total <= limits.max_stop_bytes,
-           f"options.stop has {total} bytes in all, more than max_stop_bytes={limits.max_stop_bytes}")
+    if total > limits.max_stop_bytes:
+        raise InvalidOption(f"options.stop has {total} bytes in all, more than "
+                            f"max_stop_bytes={limits.max_stop_bytes}")

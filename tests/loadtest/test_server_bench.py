@@ -68,6 +68,36 @@ def test_the_report_names_the_pinning_the_load_and_the_command(report):
     assert data["machine"]["onnxruntime_providers_used"] == ["CPUExecutionProvider"]
 
 
+@needs_two_cores
+def test_the_edge_rows_put_served_beside_the_bare_servicer_and_the_engine_in_the_same_run(report):
+    """Unary and streaming, served and bare, every call the forced length; ceiling = 1 / (bare s + engine s) per call."""
+    data, markdown = report
+    cores = sorted(os.sched_getaffinity(0))[:2]
+    assert data["bare_command"].startswith(f"taskset -c {cores[0]} ")  # pinned as the server is
+    assert "-m seqserve.loadtest.bare_servicer" in data["bare_command"] and f"--tokens {MAX_NEW}" in data["bare_command"]
+    engine = data["engine_offline"][f"b{STREAMS}"]["tokens_per_s"]
+    for kind in ("unary", "stream"):
+        row = data["edge"][kind]
+        assert row["bare"]["calls"] >= STREAMS and row["bare"]["calls_by_generated_tokens"] == {
+            str(MAX_NEW): row["bare"]["calls"]}
+        per_call = MAX_NEW / row["bare_tokens_per_s"] + MAX_NEW / engine  # seconds per call: edge + engine
+        assert row["ceiling_tokens_per_s"] == pytest.approx(MAX_NEW / per_call, rel=1e-3)
+        assert row["served_per_ceiling"] == pytest.approx(row["served_tokens_per_s"] / row["ceiling_tokens_per_s"],
+                                                          rel=1e-2)
+        assert f"| {kind} | {row['served_tokens_per_s']:,.0f} | {row['bare_tokens_per_s']:,.0f} |" in markdown
+        cpu = row["cpu_us_per_token"]  # CPU seconds per token: each server's over its window, the engine's own
+        assert cpu["bare"] == pytest.approx(1e6 * row["bare"]["server_cpu_s"] / row["bare"]["client_tokens"], rel=1e-2)
+        assert cpu["engine_offline"] == data["engine_offline"][f"b{STREAMS}"]["cpu_us_per_token"] > 0
+        assert row["served_per_ceiling_cpu"] == pytest.approx((cpu["bare"] + cpu["engine_offline"]) / cpu["served"],
+                                                              rel=1e-2)
+    unary = data["edge"]["unary"]["served"]
+    assert unary["calls"] >= STREAMS and unary["calls_by_generated_tokens"] == {str(MAX_NEW): unary["calls"]}
+    assert unary["server_tokens"] > 0  # the served unary window is counted by the server too
+    assert data["edge"]["unary"]["served_messages_per_call"] == data["edge"]["unary"]["bare_messages_per_call"] == 1
+    assert data["edge"]["stream"]["bare_messages_per_call"] == MAX_NEW  # the bare servicer: one message per token
+    assert 1 <= data["edge"]["stream"]["served_messages_per_call"] <= MAX_NEW
+
+
 def test_the_server_and_the_client_need_two_different_cores(tiny_bundle, capsys):
     assert server_bench.main(["--bundle", str(tiny_bundle), "--server-core", "0", "--client-core", "0"]) == 2
     assert "two different cores" in capsys.readouterr().err
