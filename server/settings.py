@@ -132,9 +132,9 @@ class Settings:
     grace_seconds: float = _opt(20.0, "on SIGTERM/SIGINT, how long in-flight requests may take to finish; calls "
                                       "still in flight then get UNAVAILABLE", type=float)
     drain_backlog_seconds: float = _opt(2.0, "on SIGTERM/SIGINT, once the calls in flight have ended: how long at most "
-                                             "the server keeps answering new calls UNAVAILABLE, waiting for a 0.1 s "
-                                             "pause in their arrival, before it stops (a call that reaches it in "
-                                             "that instant ends CANCELLED)", type=float)
+                                             "the server holds new calls, waiting for a 0.1 s pause in their arrival, "
+                                             "before it stops and answers them UNAVAILABLE; time the machine stalls "
+                                             "the process is not counted, up to as much again", type=float)
     log_level: str = _opt("INFO", "logging level", choices=LOG_LEVELS)
 
     def __post_init__(self) -> None:
