@@ -13,6 +13,10 @@ PYTEST_ARGS ?=
 # one per core, tests use 1. On a machine busy with other work, THREADS=1 keeps them from oversubscribing the cores.
 THREADS ?=
 THREADS_FLAG := $(if $(THREADS),--threads $(THREADS))
+# Minutes of training at most (`seqserve train --max-minutes`): it keeps the best checkpoint so far. Unset: the
+# preset's full run, which takes hours on a busy machine (README "Two commands").
+TRAIN_MINUTES ?=
+TRAIN_MINUTES_FLAG := $(if $(TRAIN_MINUTES),--max-minutes $(TRAIN_MINUTES))
 # torch's pool size where a command has no flag for it (export; verify's PyTorch half)
 THREADS_ENV := $(if $(THREADS),OMP_NUM_THREADS=$(THREADS))
 
@@ -37,7 +41,7 @@ test: venv
 # metrics.json is the last file training writes (model.safetensors just before it, both atomically): a run that
 # crashes or is killed leaves no target, and the next `make` trains again.
 $(CHECKPOINT)/metrics.json: | venv
-	$(THREADS_ENV) $(SEQSERVE) train --preset default --out $(CHECKPOINT) $(THREADS_FLAG)
+	$(THREADS_ENV) $(SEQSERVE) train --preset default --out $(CHECKPOINT) $(TRAIN_MINUTES_FLAG) $(THREADS_FLAG)
 
 $(BUNDLE)/manifest.json: $(CHECKPOINT)/metrics.json
 	$(THREADS_ENV) $(SEQSERVE) export $(CHECKPOINT) --out $(BUNDLE) --int8 --fp16

@@ -2,7 +2,7 @@
 
 Teacher forcing over the same padded batch: the logits of every target position must agree within 1e-4 (atol and
 rtol, as checks/parity.py). With a bundle, its tokenizer.json (loaded as the server loads it) must also give the
-ids transformers' own tokenizer of the directory gives, on every real string of checks/tokenizer_texts.py: logits
+ids transformers' own tokenizer of the directory gives, on every real string of model/tokenizer_texts.py: logits
 alone cannot see a tokenizer converted from the wrong files. transformers is imported here only (the `hf` extra).
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ import torch
 
 from seqserve.checks.parity import LIMIT, PROBE_TEXTS, MaxDiff
 from seqserve.checks.table import Check
-from seqserve.checks.tokenizer_texts import real_strings
+from seqserve.model.tokenizer_texts import real_strings
 from seqserve.contract.integrity import open_bundle
 from seqserve.contract.languages import Languages
 from seqserve.model.checkpoint import load_checkpoint

@@ -199,6 +199,20 @@ def _import_quietly(args: argparse.Namespace) -> int:
             hf_logging.enable_progress_bar()
 
 
+def _hf_demo(args: argparse.Namespace) -> int:
+    """Writes a small random Hugging Face directory that `seqserve import` accepts (no hub needed)."""
+    from seqserve.model.hf_demo import FAMILIES, SEED, SIZES, build
+
+    if args.family not in FAMILIES:
+        raise ValueError(f"unknown family {args.family!r}; the families are: "
+                         + ", ".join(f"{name} ({family.layout})" for name, family in FAMILIES.items()))
+    if args.size not in SIZES:
+        raise ValueError(f"unknown size {args.size!r}; the sizes are: {', '.join(SIZES)}")
+    out = build(args.family, args.out, SIZES[args.size], SEED if args.seed is None else args.seed)
+    print(f"wrote a random-weight {args.family} model to {out}; next: seqserve import {out} --out CHECKPOINT")
+    return 0
+
+
 def _hf_rows(checkpoint: Path, hf_dir: Path, rows: list) -> int:
     from seqserve.checks.table import format_table
 
@@ -227,6 +241,14 @@ def _add_export_commands(sub) -> None:
     p.add_argument("--no-verify", action="store_true", help="skip the comparison with transformers")
     p.add_argument("--quiet", action="store_true", help="no progress bars (transformers' included)")
     p.set_defaults(func=_import_quietly)
+
+    p = sub.add_parser("hf-demo", help="write a small random-weight Hugging Face model directory to try `import` "
+                                       "offline", description=_hf_demo.__doc__ + " Its output is random text.")
+    p.add_argument("family", help="marian, bart, ...: an unknown name lists every family (model/hf_demo.py)")
+    p.add_argument("--out", required=True, help="directory to write (config, weights, tokenizer files)")
+    p.add_argument("--size", default="tiny", help="tiny (d_model 32, seconds to build) or base (opus-mt's size)")
+    p.add_argument("--seed", type=int, help="the weights' and tokenizer's seed (default: the tests' models' seed)")
+    p.set_defaults(func=_hf_demo)
 
     p = sub.add_parser("export", help="export a checkpoint to a bundle (ONNX graphs, variants, manifest)")
     p.add_argument("checkpoint", help="checkpoint directory written by `seqserve train`")

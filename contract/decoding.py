@@ -37,6 +37,25 @@ FLOAT_RANGES = {"temperature": TEMPERATURE, "top_p": TOP_P, "repetition_penalty"
                 "length_penalty": LENGTH_PENALTY}
 
 
+# The widest beam search any server grants (--max-num-beams stops here): each beam is a row of the decoder's batch.
+MAX_NUM_BEAMS = 1024
+
+
+def max_new_tokens_problem(max_new_tokens: int, cap: int) -> str | None:
+    """A request's max_new_tokens, or a model's default for it, against the longest generation allowed (cap: the
+    server's limit for a request; the bundle's max_new_tokens, the most any server allows, for a default)."""
+    if not 1 <= max_new_tokens <= cap:
+        return f"max_new_tokens must be in [1, {cap}], got {max_new_tokens}"
+    return None
+
+
+def num_beams_problem(num_beams: int, most: int = MAX_NUM_BEAMS) -> str | None:
+    """A request's num_beams against the server's max_num_beams, or a model's default against MAX_NUM_BEAMS."""
+    if not 1 <= num_beams <= most:
+        return f"num_beams must be in [1, {most}] (max_num_beams), got {num_beams}"
+    return None
+
+
 def lengths_problem(max_new_tokens: int, min_new_tokens: int) -> str | None:
     if max_new_tokens < 1:
         return f"max_new_tokens must be >= 1, got {max_new_tokens}"

@@ -22,7 +22,8 @@ import math
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
-from seqserve.contract.decoding import FLOAT_RANGES, beam_problem, lengths_problem
+from seqserve.contract.decoding import (
+    FLOAT_RANGES, beam_problem, lengths_problem, max_new_tokens_problem, num_beams_problem)
 from seqserve.contract.jsonfile import confined, read_object
 
 GENERATION_CONFIG = "generation_config.json"
@@ -94,9 +95,10 @@ class GenerationDefaults:
         return data
 
     @classmethod
-    def from_dict(cls, data: dict, vocab_size: int | None = None) -> GenerationDefaults:
-        """Reads to_dict()'s output back (the manifest's copy), checking every field's type and range, and with
-        vocab_size every token id."""
+    def from_dict(cls, data: dict, vocab_size: int | None = None,
+                  max_new_tokens: int | None = None) -> GenerationDefaults:
+        """Reads to_dict()'s output back (the manifest's copy), checking every field's type and range, with
+        vocab_size every token id, and with max_new_tokens (the bundle's) the default length."""
         if not isinstance(data, dict):
             raise GenerationConfigError(f"generation defaults must be an object, got {type(data).__name__}")
         known = {f.name: f for f in fields(cls)}
@@ -121,6 +123,10 @@ class GenerationDefaults:
         defaults = cls(**values)
         if vocab_size is not None:
             check_vocabulary(defaults, vocab_size)
+        if max_new_tokens is not None:
+            problem = max_new_tokens_problem(defaults.max_new_tokens, max_new_tokens)
+            if problem is not None:
+                raise GenerationConfigError(problem, field="max_new_tokens")
         return defaults
 
 
@@ -172,14 +178,18 @@ def from_generation_config(generation: dict, model_config: dict | None = None) -
     out["forced_eos_token_id"] = _single_token(data.pop("forced_eos_token_id", None), "forced_eos_token_id")
     max_length = data.pop("max_length", None)
     max_new = data.pop("max_new_tokens", None)
+    positions = (model_config or {}).get("max_position_embeddings")
+    cap = positions - 1 if _is_int(positions) and positions >= 2 else None  # the bundle's max_new_tokens
     if max_new is not None:
         out["max_new_tokens"] = _integer(max_new, "max_new_tokens", 1)
     elif max_length is not None:
         out["max_new_tokens"] = _integer(max_length, "max_length", 2) - 1  # max_length counts the decoder start token
     else:  # transformers' default, the start token added, within the decoder's positions
-        positions = (model_config or {}).get("max_position_embeddings")
-        out["max_new_tokens"] = min(HF_DEFAULT_MAX_NEW_TOKENS, positions - 1) if _is_int(positions) and positions >= 2 \
-            else HF_DEFAULT_MAX_NEW_TOKENS
+        out["max_new_tokens"] = min(HF_DEFAULT_MAX_NEW_TOKENS, cap) if cap else HF_DEFAULT_MAX_NEW_TOKENS
+    problem = max_new_tokens_problem(out["max_new_tokens"], cap) if cap else None
+    if problem is not None:  # beyond what any request may ask of this model
+        given = "max_new_tokens" if max_new is not None else f"max_length={max_length} (max_new_tokens + 1)"
+        raise GenerationConfigError(f"{given}: {problem} (max_position_embeddings={positions})")
     min_length, min_new = data.pop("min_length", None), data.pop("min_new_tokens", None)
     if min_new is not None:
         out["min_new_tokens"] = _integer(min_new, "min_new_tokens", 0)
@@ -288,7 +298,7 @@ def _range_problem(d: GenerationDefaults) -> str | None:
         return f"bad_words_ids must be token ids >= 0, got {list(d.bad_words_ids)}"
     if d.eos_token_id in d.bad_words_ids:
         return f"bad_words_ids must not ban eos_token_id ({d.eos_token_id})"
-    problem = lengths_problem(d.max_new_tokens, d.min_new_tokens) or beam_problem(
+    problem = lengths_problem(d.max_new_tokens, d.min_new_tokens) or num_beams_problem(d.num_beams) or beam_problem(
         d.num_beams, d.num_return_sequences, d.length_penalty, repetition_penalty=d.repetition_penalty)
     if problem is not None:
         return problem

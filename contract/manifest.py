@@ -135,11 +135,12 @@ def load_manifest(directory: str | Path, check_files: bool = True) -> Manifest:
     return manifest
 
 
-def check_generation(path: Path, generation: dict, vocab_size: int) -> None:
-    """The ranges a request has, and every token id inside the vocabulary (import and export ask the same, export
-    before it writes anything); BundleError naming path and generation.<field>."""
+def check_generation(path: Path, generation: dict, vocab_size: int, max_new_tokens: int) -> None:
+    """The ranges a request has (max_new_tokens: the bundle's, the most a request may ask), and every token id inside
+    the vocabulary (import and export ask the same, export before it writes anything); BundleError naming path and
+    generation.<field>."""
     try:
-        GenerationDefaults.from_dict(generation, vocab_size=vocab_size)
+        GenerationDefaults.from_dict(generation, vocab_size=vocab_size, max_new_tokens=max_new_tokens)
     except GenerationConfigError as exc:
         raise BundleError(f"{path}: generation.{exc}" if exc.field else f"{path}: generation: {exc}") from None
 
@@ -161,7 +162,7 @@ def _check_schema(path: Path, data) -> None:
     except schema.SchemaError as exc:
         raise BundleError(f"{path}: {exc}") from None
     if data.get("generation"):
-        check_generation(path, data["generation"], data["model"]["vocab_size"])
+        check_generation(path, data["generation"], data["model"]["vocab_size"], data["max_new_tokens"])
     if data.get("languages"):
         try:
             languages = Languages.from_dict(data["languages"])

@@ -48,8 +48,10 @@ def export_fp32(checkpoint: str | Path, out: str | Path, bar: tqdm | None = None
     checkpoint, out = Path(checkpoint), Path(out)
     model, _ = ck.load_checkpoint(checkpoint)
     generation = ck.read_generation(checkpoint)
+    training = ck.read_metrics(checkpoint)
+    max_new_tokens = int(training.get("max_new_tokens", model.cfg.max_positions - 1))
     if generation:  # refused before anything is written: the manifest would refuse it only after the export
-        mf.check_generation(checkpoint / ck.GENERATION, generation, model.cfg.vocab_size)
+        mf.check_generation(checkpoint / ck.GENERATION, generation, model.cfg.vocab_size, max_new_tokens)
     out.mkdir(parents=True, exist_ok=True)
     _label(bar, "encoder.onnx")
     export_encoder(model, out / ENCODER_FILE)
@@ -64,7 +66,6 @@ def export_fp32(checkpoint: str | Path, out: str | Path, bar: tqdm | None = None
         shutil.copyfile(checkpoint / HELDOUT, out / HELDOUT)
         heldout = mf.file_entry(out, HELDOUT)
     cfg = model.cfg
-    training = ck.read_metrics(checkpoint)
     manifest = mf.Manifest(
         model=cfg.to_dict(),
         special_tokens=ck.special_ids_of(cfg),
@@ -76,7 +77,7 @@ def export_fp32(checkpoint: str | Path, out: str | Path, bar: tqdm | None = None
                            "quality": {}}},
         opset=OPSET,
         ir_version=ir_version,
-        max_new_tokens=int(training.get("max_new_tokens", cfg.max_positions - 1)),
+        max_new_tokens=max_new_tokens,
         heldout=heldout,
         training={k: training[k] for k in ("preset", "task", "steps", "train_seconds", "parameters", "test",
                                            "imported_from") if k in training},

@@ -15,10 +15,11 @@ def plot_sweep(rows: list[dict], path: Path, title: str) -> None:
 
 
 def sweep_figure(rows: list[dict], title: str):
-    """The plot as a matplotlib Figure; every point's label stays inside its panel."""
+    """The plot as a matplotlib Figure; every point's label stays inside its panel, and the legend below both panels
+    covers neither a point nor a label."""
     from matplotlib.figure import Figure  # no pyplot: no global state, no GUI backend
 
-    fig = Figure(figsize=(11, 4.5), dpi=DPI)
+    fig = Figure(figsize=(11, 4.8), dpi=DPI, layout="constrained")  # constrained: room for the legend outside
     axes = fig.subplots(1, 2, sharey=True)
     for ax, (x_key, x_label) in zip(axes, PANELS):
         x = [r[x_key] for r in rows]
@@ -37,9 +38,8 @@ def sweep_figure(rows: list[dict], title: str):
                         xytext=(-6 if right else 6, 0 if high else 4), ha="right" if right else "left",
                         va="center" if high else "bottom")
     axes[0].set_ylabel("latency (ms)")
-    axes[0].legend(loc="upper left")
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="outside lower center", ncol=len(LINES))  # never on a point
     fig.suptitle(title)
-    fig.tight_layout()
     return fig
 
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from seqserve.contract.decoding import REPETITION_PENALTY, TEMPERATURE, TOP_P, beam_problem
+from seqserve.contract.decoding import (
+    REPETITION_PENALTY, TEMPERATURE, TOP_P, beam_problem, max_new_tokens_problem, num_beams_problem)
 from seqserve.engine.request import SamplingParams
 from seqserve.server.settings import Limits
 
@@ -36,8 +37,8 @@ def sampling_params(o, limits: Limits, defaults: SamplingParams = NO_DEFAULTS,
     forced_eos: the model forces its end token at max_new_tokens, which wins over min_new_tokens (as in HF)."""
     cap = limits.max_new_tokens
     max_new = o.max_new_tokens if o.HasField("max_new_tokens") else limits.default_max_new_tokens
-    if not (1 <= max_new <= cap):
-        raise InvalidOption(f"options.max_new_tokens must be in [1, {cap}], got {max_new}")
+    if (problem := max_new_tokens_problem(max_new, cap)) is not None:
+        raise InvalidOption(f"options.{problem}")
     min_new = _given(o, "min_new_tokens", min(defaults.min_new_tokens, max_new))  # a default never exceeds the cap
     if forced_eos:
         min_new = min(min_new, max_new - 1)
@@ -67,8 +68,8 @@ def sampling_params(o, limits: Limits, defaults: SamplingParams = NO_DEFAULTS,
     check_stop(stop, limits)
     plain = temperature == 0 and not stop and penalty == 1  # a request that samples or stops gets no default beams
     beams, most = _given(o, "num_beams", defaults.num_beams if plain else 1), limits.max_num_beams
-    if beams > most:
-        raise InvalidOption(f"options.num_beams must be in [1, {most}] (max_num_beams), got {beams}")
+    if (problem := num_beams_problem(beams, most)) is not None:
+        raise InvalidOption(f"options.{problem}")
     n = _given(o, "num_return_sequences", min(defaults.num_return_sequences, beams))
     length_penalty = float(_given(o, "length_penalty", defaults.length_penalty))
     problem = beam_problem(beams, n, length_penalty)

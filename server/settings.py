@@ -15,6 +15,7 @@ from pathlib import Path
 
 from seqserve.client.flags import DEFAULT_PORT, parse_bool
 from seqserve.client.flags import flag as _flag
+from seqserve.contract.decoding import MAX_NUM_BEAMS
 from seqserve.contract.devices import DEVICES
 from seqserve.contract.manifest import VARIANTS
 from seqserve.contract.names import KV_CACHES
@@ -71,8 +72,7 @@ class Settings:
     auth_tokens: str | None = _opt(None, "accepted bearer tokens, comma-separated (surrounding whitespace is "
                                          "stripped); set the variable rather than the flag, which other users can "
                                          "read in the process list", repr=False)
-    auth_exempt_health: bool = _opt(True, "health checks answer without a token (probes and load balancers)",
-                                    type=bool)
+    auth_exempt_health: bool = _opt(True, "health checks answer without a token (probes, load balancers)", type=bool)
     max_health_watches: int = _opt(256, "health Watch streams open at once (they need no token by default); more "
                                         "get RESOURCE_EXHAUSTED", type=int)
     reflection: bool = _opt(True, "serve gRPC reflection (grpcurl list/describe); needs a token when auth is on",
@@ -142,9 +142,9 @@ class Settings:
     grace_seconds: float = _opt(20.0, "on SIGTERM/SIGINT, how long in-flight requests may take to finish; calls "
                                       "still in flight then get UNAVAILABLE", type=float)
     drain_backlog_seconds: float = _opt(2.0, "on SIGTERM/SIGINT, once the calls in flight have ended: how long at most "
-                                             "the server keeps answering new calls UNAVAILABLE, waiting for a 0.1 s "
-                                             "pause in their arrival, before it stops (a call that reaches it in "
-                                             "that instant ends CANCELLED)", type=float)
+                                             "the server holds new calls, waiting for a 0.1 s pause in their arrival, "
+                                             "before it stops and answers them UNAVAILABLE; time the machine stalls "
+                                             "the process is not counted, up to as much again", type=float)
     log_level: str = _opt("INFO", "logging level", choices=LOG_LEVELS)
 
     def __post_init__(self) -> None:
@@ -176,9 +176,9 @@ class Settings:
                              ("max_kv_tokens", 1, None), ("encode_batch", 1, None), ("stream_interval", 1, None),
                              ("max_encoded_bytes", 0, None), ("max_input_tokens", 1, None), ("max_new_tokens", 1, None),
                              ("default_max_new_tokens", 1, None), ("max_stop_strings", 0, None),
-                             ("max_batch_inputs", 1, None), ("max_num_beams", 1, None), ("max_top_logprobs", 0, None),
-                             ("max_health_watches", 0, None), ("max_pending_calls", 1, None),
-                             ("memory_budget_bytes", 0, None), ("front_ends", 1, 64),
+                             ("max_batch_inputs", 1, None), ("max_num_beams", 1, MAX_NUM_BEAMS),
+                             ("max_top_logprobs", 0, None), ("max_health_watches", 0, None),
+                             ("max_pending_calls", 1, None), ("memory_budget_bytes", 0, None), ("front_ends", 1, 64),
                              ("grace_seconds", 0, None), ("drain_backlog_seconds", 0, None),
                              ("engine_not_ready_seconds", 1, 86400), ("engine_restart_seconds", 2, 86400),
                              ("max_stop_string_bytes", 1, None), ("max_stop_bytes", 1, None),

@@ -98,10 +98,11 @@ def test_grpcurl_says_where_to_get_it_and_what_to_use_instead():
 
 
 def test_the_commands_offered_instead_of_grpcurl_work(served):
-    venv_bin = str(Path(sys.executable).parent) + "/"
-    commands = [shlex.split(line.replace(".venv/bin/", venv_bin).replace("localhost:50051", served.address),
-                            comments=True) for line in _block("without grpcurl:").splitlines() if line.strip()]
-    assert [c[0] for c in commands] == [venv_bin + "python", venv_bin + "seqserve", venv_bin + "python"]
+    venv_bin = str(Path(sys.executable).parent) + "/"  # what `. .venv/bin/activate` puts first on PATH
+    commands = [shlex.split(line.replace("localhost:50051", served.address), comments=True)
+                for line in _block("without grpcurl:").splitlines() if line.strip()]
+    assert [c[0] for c in commands] == ["python", "seqserve", "python"]
+    commands = [[venv_bin + c[0], *c[1:]] for c in commands]
     outputs = []
     for command in commands:
         done = subprocess.run(command, capture_output=True, text=True, timeout=120)

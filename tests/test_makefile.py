@@ -99,3 +99,18 @@ def test_the_venv_install_shows_progress_and_brings_sacremoses(tmp_path):
     assert len(installs) == 2 and all("-q" not in words and "--quiet" not in words for words in installs)
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     assert any(re.match(r"sacremoses\b", requirement) for requirement in extras["hf"])
+
+
+def _train_call(tree: Path, *args: str) -> str:
+    (tree / "artifacts" / "default" / "metrics.json").unlink()  # no finished training: make trains
+    assert _make(tree, "serve", *args)[0] == 0
+    return next(line for line in (tree / "calls.txt").read_text().splitlines() if line.startswith("train "))
+
+
+def test_train_minutes_bounds_the_training_of_make_serve(tree):
+    words = shlex.split(_train_call(tree, "TRAIN_MINUTES=20"))
+    assert words[words.index("--max-minutes") + 1] == "20"
+
+
+def test_without_train_minutes_training_runs_the_whole_preset(tree):
+    assert "--max-minutes" not in _train_call(tree)

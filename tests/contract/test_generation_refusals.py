@@ -35,7 +35,13 @@ CASES = [
      "generation.repetition_penalty must be in (0, 100], got 1e+30"),
     ("sampled-temperature-1e30", {**PLAIN, "do_sample": True, "temperature": 1e30},
      "generation.temperature must be in [0, 100], got 1e+30"),
+    # beyond what any request may ask: the bundle's max_new_tokens (the tiny model's 40), and MAX_NUM_BEAMS
+    ("num_beams-1e9", {**PLAIN, "num_beams": 10**9},
+     "generation.num_beams must be in [1, 1024] (max_num_beams), got 1000000000"),
+    ("max_new_tokens-1e12", {**PLAIN, "max_new_tokens": 10**12},
+     "generation.max_new_tokens must be in [1, 40], got 1000000000000"),
 ]
+BEYOND_REQUESTS = CASES[-2:]
 
 
 def _bundle(tiny_bundle: Path, tmp_path: Path, generation: dict) -> Path:
@@ -75,8 +81,8 @@ def test_defaults_at_the_limits_of_their_ranges_and_the_vocabulary_load(tiny_bun
     assert load_manifest(_bundle(tiny_bundle, tmp_path / "2", sampled_only)).generation == sampled_only
 
 
-@pytest.mark.parametrize("generation, message", [c[1:] for c in CASES[:1] + CASES[3:5]],
-                         ids=[c[0] for c in CASES[:1] + CASES[3:5]])
+@pytest.mark.parametrize("generation, message", [c[1:] for c in CASES[:1] + CASES[3:5] + BEYOND_REQUESTS],
+                         ids=[c[0] for c in CASES[:1] + CASES[3:5] + BEYOND_REQUESTS])
 def test_export_exits_2_naming_the_generation_field(tiny_checkpoint, tmp_path, capsys, generation, message):
     checkpoint = tmp_path / "checkpoint"
     shutil.copytree(tiny_checkpoint, checkpoint)
@@ -116,8 +122,13 @@ def _edited(marian_dir: Path, tmp_path: Path, name: str, **changes) -> Path:
      "temperature must be in [0, 100], got 1e+30"),
     ("generation_config.json", {"num_beams": 1, "repetition_penalty": 1e30},
      "repetition_penalty must be in (0, 100], got 1e+30"),
+    ("generation_config.json", {"num_beams": 10**9, "num_return_sequences": 1},
+     "num_beams must be in [1, 1024] (max_num_beams), got 1000000000"),
+    ("generation_config.json", {"max_length": 10**12},
+     "max_length=1000000000000 (max_new_tokens + 1): max_new_tokens must be in [1, 127], got 999999999999 "
+     "(max_position_embeddings=128)"),
 ], ids=["forced_bos", "bad_words", "forced_bos-from-config.json", "forced_eos", "length_penalty", "temperature",
-        "repetition_penalty"])
+        "repetition_penalty", "num_beams-1e9", "max_length-1e12"])
 def test_import_exits_2_naming_the_file_and_the_field(marian_dir, tmp_path, capsys, name, changes, message):
     hf = _edited(marian_dir, tmp_path, name, **changes)
     if name == "config.json":  # generation_config.json leaves it out, so transformers reads config.json's

@@ -31,3 +31,21 @@ def test_every_label_is_inside_its_panel(points):
                 (text.get_text(), box, panel)
             labels += 1
     assert labels == 2 * len(rows)
+
+
+def test_the_legend_lies_outside_both_panels():
+    """A legend inside a panel covered the "1 user" label and its p99 point when that point was high on the left."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    rows = [{"users": u, "generated_tokens_per_s": t, "requests_per_s": t / 10, "p50_ms": p50, "p99_ms": p99}
+            for u, t, p50, p99 in [(1, 300, 250, 330), (2, 700, 25, 40), (4, 900, 40, 80)]]
+    fig = sweep_figure(rows, "seqserve capacity")
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    legends = fig.legends + [ax.get_legend() for ax in fig.axes if ax.get_legend() is not None]
+    assert [t.get_text() for t in legends[0].get_texts()] == ["p50", "p99"] and len(legends) == 1
+    box = legends[0].get_window_extent(renderer)
+    for ax in fig.axes:
+        panel = ax.get_window_extent(renderer)
+        assert box.y1 <= panel.y0 or box.y0 >= panel.y1 or box.x1 <= panel.x0 or box.x0 >= panel.x1, (box, panel)

@@ -10,6 +10,7 @@ the real signal to a real process); an in-process App restarted 20 times keeps t
 """
 from __future__ import annotations
 
+import asyncio
 import collections
 import os
 import re
@@ -24,6 +25,7 @@ from pathlib import Path
 import grpc
 from grpc_harness import Served, request, wait_for
 
+from seqserve.server.app import App
 from seqserve.v1 import seqserve_pb2 as pb
 from seqserve.v1 import seqserve_pb2_grpc as pb_grpc
 
@@ -74,6 +76,37 @@ def test_grace_0_with_400_queued_calls_ends_each_ok_or_unavailable_20_times(tiny
         totals.update(run_totals)
     print(f"{REPEATS} drains of {CALLS} unary + {STREAMS} streaming calls, grace 0: {dict(totals)}")
     assert totals["CANCELLED"] == 0 and sum(totals.values()) == REPEATS * (CALLS + STREAMS)
+
+
+STALL_SECONDS, DURING_STALL = 2.5, 100  # longer than the backlog window (2 s); calls sent while it lasts
+
+
+def test_calls_sent_while_a_busy_machine_stalls_the_drain_end_unavailable(tiny_bundle, heldout):
+    """Under load the process can stall for seconds (1.9 s seen at load 11): its event loop takes no call meanwhile,
+    so a window measured in wall time ran out during the stall, and server.stop ended CANCELLED the calls gRPC had
+    accepted and the loop had not taken. time.sleep on the loop stalls it as a descheduled process is stalled."""
+    stalled = threading.Event()
+
+    class StalledApp(App):
+        async def _hold_arrivals(self) -> None:
+            asyncio.get_running_loop().call_soon(lambda: (stalled.set(), time.sleep(STALL_SECONDS)))
+            await super()._hold_arrivals()
+
+    sources = [src for src, _ in heldout[:50]]
+    s = Served(tiny_bundle, app_class=StalledApp, grace_seconds=0, metrics_port=-1)
+    try:
+        s.wait_ready()
+        first = [s.stub.Generate.future(request(src, **LONG), timeout=60) for src in sources[:20]]
+        wait_for(lambda: len(s.app.service.inflight) >= 20, what="calls in flight")
+        drained = s.run_async(s.app.drain())
+        assert stalled.wait(30)
+        during = [s.stub.Generate.future(request(sources[i % len(sources)], **LONG), timeout=60)
+                  for i in range(DURING_STALL)]
+        assert drained.result(60) is False  # grace 0: the first calls were still in flight
+        codes = collections.Counter(_unary_code(f).name for f in first + during)
+    finally:
+        s.stop()
+    assert set(codes) <= {"OK", "UNAVAILABLE"} and codes["UNAVAILABLE"] >= DURING_STALL, codes
 
 
 DRAINS, CLIENTS = 3, 8

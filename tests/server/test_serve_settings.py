@@ -60,6 +60,8 @@ def test_flags_beat_environment_beat_defaults(tiny_bundle):
     (("--max-inflight-bytes", "2048"), {}, "--max-receive-message-bytes / SEQSERVE_MAX_RECEIVE_MESSAGE_BYTES "
                                            "(262144) exceeds --max-inflight-bytes"),
     (("--max-stop-bytes", "0"), {}, "--max-stop-bytes / SEQSERVE_MAX_STOP_BYTES must be in [1, inf], got 0"),
+    # the widest beam any server grants (contract/decoding.py): a model's default num_beams is held to it too
+    (("--max-num-beams", "1025"), {}, "--max-num-beams / SEQSERVE_MAX_NUM_BEAMS must be in [1, 1024], got 1025"),
     (("--front-ends", "2"), {}, "--front-ends / SEQSERVE_FRONT_ENDS 2 needs --engine-process"),
     (("--front-ends", "0", "--engine-process"), {}, "--front-ends / SEQSERVE_FRONT_ENDS must be in [1, 64], got 0"),
     (("--front-ends", "65", "--engine-process"), {}, "--front-ends / SEQSERVE_FRONT_ENDS must be in [1, 64]"),
