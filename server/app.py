@@ -5,7 +5,7 @@ Several models (server/repository.py): each has its own engine and batch and its
 (`seqserve.v1.Generation/<name>`). SIGHUP re-reads the models (Triton's explicit model control): a new or changed
 bundle is loaded and warmed up before it takes calls; a removed or replaced version drains, its calls finish.
 SIGTERM/SIGINT: NOT_SERVING -> new calls UNAVAILABLE -> in-flight calls finish within the grace period -> calls
-still in flight get UNAVAILABLE -> new calls are held until their arrival pauses for QUIET_SECONDS (at most
+still in flight get UNAVAILABLE -> new calls are held until their arrival pauses for arrivals.QUIET_SECONDS (at most
 drain_backlog_seconds) -> server.stop begins and the held calls get UNAVAILABLE (clients retry UNAVAILABLE, not the
 CANCELLED gRPC core gives a call it holds when it stops) -> engine.stop -> exit 0.
 Security (docs/security.md): TLS / mutual TLS, bearer tokens, the bind addresses, reflection on or off.
@@ -15,12 +15,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
 
+from seqserve.server.arrivals import hold_arrivals
 from seqserve.server.auth import TokenAuth
 from seqserve.server.edge import Edge
 from seqserve.server.engine_metrics import EngineMetrics
@@ -41,8 +41,6 @@ from seqserve.server.tls import server_credentials
 
 log = logging.getLogger("seqserve")
 ABORT_SECONDS = 5.0  # after the grace period: how long calls get to send their UNAVAILABLE before server.stop
-QUIET_SECONDS = 0.1  # no new call for this long: gRPC's backlog of accepted calls is empty
-STALL_SECONDS = 0.2  # a turn of QUIET_SECONDS that took longer: the machine stalled the process, which took no call
 FLUSH_SECONDS = 1.0  # server.stop's own grace: lets the last statuses and responses reach their clients
 FRONTS_MARGIN_SECONDS = 10.0  # beyond the other front ends' own drain: their start-up, their exit
 LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")
@@ -314,26 +312,7 @@ class App:
         return finished
 
     async def _hold_arrivals(self) -> None:
-        """The calls that reach the server after the ones in flight ended: gRPC may hold calls it accepted but has
-        not handed to the service yet (a busy event loop takes them one at a time), and clients keep sending new
-        ones (retries, a balancer that cannot see the drain). A call in gRPC core when server.stop begins ends
-        CANCELLED, and one answered UNAVAILABLE at once comes right back. So new calls are held, unanswered, until
-        none arrived for QUIET_SECONDS (at most drain_backlog_seconds): a client waiting for its held call sends no
-        other. close() then begins server.stop and answers the held calls UNAVAILABLE. A stalled turn is neither
-        quiet nor counted against drain_backlog_seconds (up to as much stall again: the wall time stays bounded)."""
-        service, window = self.service, self.settings.drain_backlog_seconds
-        service.hold_new_calls()
-        counted = stalled = 0.0  # seconds of the window the process ran; seconds it was stalled, not counted
-        while counted < window:
-            started = time.monotonic()
-            await asyncio.sleep(min(QUIET_SECONDS, window - counted))
-            took = time.monotonic() - started
-            # Why calls ended CANCELLED under load: a busy machine stalled the process (1.9 s), the window ran out
-            # meanwhile, and server.stop cancelled the calls gRPC had accepted but the stalled loop had not taken.
-            stall = min(max(0.0, took - STALL_SECONDS), window - stalled)
-            stalled, counted = stalled + stall, counted + took - stall
-            if not stall and service.inflight.last_arrival < started:  # quiet: gRPC holds no call, nor do clients send
-                return
+        await hold_arrivals(self.service, self.settings.drain_backlog_seconds)
 
     async def close(self, grace: float = 0) -> None:
         if self.server is not None:

@@ -105,7 +105,7 @@ class GenerationService(pb_grpc.GenerationServicer):
         self.draining = True
 
     def hold_new_calls(self) -> None:
-        """New calls wait, unanswered, until release_held (App._hold_arrivals says why)."""
+        """New calls wait, unanswered, until release_held (server/arrivals.py says why)."""
         self.held = asyncio.Event()
 
     def release_held(self) -> None:
