@@ -5,9 +5,10 @@ sitecustomize). It imports nothing of seqserve.server or seqserve.engine, so the
 
     python -m seqserve.loadtest.request_path --bundle B [--engine-process] [--num-beams 4] --out report.md
 
-Procedure: start `seqserve serve`, wait for SERVING, one warm-up call, then dumps around an idle window, the measured
-call and a second idle window. The path is the pairs whose counts rose during the measured call; a pair that also rose
-in either idle window (the engine's idle loop, heartbeats) is background: left out of the counts and listed apart.
+Procedure: start `seqserve serve`, wait for SERVING, one warm-up call, then dumps around the measured calls (five by
+default, one after another) and around two idle windows as long. A pair is on the path when it ran at least once per
+call and more often than in either idle window; what else rose during the calls (the engine process's heartbeat, an
+idle loop) is background: left out of the counts and listed apart.
 """
 from __future__ import annotations
 
@@ -90,10 +91,6 @@ class Dumps:
         return total
 
 
-def rose(before: Counter, after: Counter) -> set:
-    return {key for key, n in after.items() if n > before.get(key, 0)}
-
-
 def server_argv(args, port: int) -> list[str]:
     seqserve = str(Path(args.python).parent / "seqserve")
     argv = [seqserve, "serve", "--bundle", args.bundle, "--port", str(port), "--metrics-port", str(free_port()),
@@ -109,22 +106,27 @@ def _restore(saved: dict) -> None:
             os.environ[key] = value
 
 
-def _windows(client: Client, dumps: Dumps, options: dict, idle_s: float) -> dict:
-    """Idle, the measured call, idle: the path is what rose in the call's window; background what rose when idle."""
+def rises(before: Counter, after: Counter) -> Counter:
+    return Counter({key: n - before.get(key, 0) for key, n in after.items() if n > before.get(key, 0)})
+
+
+def _windows(client: Client, dumps: Dumps, options: dict, calls: int) -> dict:
+    """Idle, the measured calls, idle again for as long: a pair is on the path when it ran at least once per call and
+    more often than in either idle window; a pair that rose during the calls but not so is background."""
     client.generate(INPUT, **options)  # warm-up: first-call work (lazy imports, caches) is not the path
     d0 = dumps.take()
-    time.sleep(idle_s)
-    d1 = dumps.take()
     start = time.monotonic()
-    result = client.generate(INPUT, **options)
-    d2 = dumps.take()
+    results = [client.generate(INPUT, **options) for _ in range(calls)]
+    d1 = dumps.take()
     window = time.monotonic() - start
-    time.sleep(idle_s)
+    time.sleep(window)
+    d2 = dumps.take()
+    time.sleep(window)
     d3 = dumps.take()
-    background = rose(d0, d1) | rose(d2, d3)
-    path = rose(d1, d2)
-    return {"path": path - background, "background": path & background, "tokens": len(result.token_ids),
-            "window_s": window, "processes": len(dumps.pids())}
+    during, idle = rises(d0, d1), rises(d1, d2) | rises(d2, d3)  # | keeps the larger count of a pair
+    path = {key for key, n in during.items() if n >= calls and n > idle.get(key, 0)}
+    return {"path": path, "background": set(during) - path, "idle": set(idle),
+            "tokens": [len(r.token_ids) for r in results], "window_s": window, "processes": len(dumps.pids())}
 
 
 def measure(args) -> dict:
@@ -146,7 +148,7 @@ def measure(args) -> dict:
             with launched(server_argv(args, port), f"127.0.0.1:{port}", STARTUP_TIMEOUT_S):
                 _restore(saved)
                 with Client(f"127.0.0.1:{port}", timeout=120.0) as client:
-                    found = _windows(client, Dumps(dumps_dir), options, args.idle_seconds)
+                    found = _windows(client, Dumps(dumps_dir), options, args.calls)
         finally:
             _restore(saved)
     return {"roots": roots, "options": options, **found}
@@ -174,17 +176,18 @@ def markdown(args, found: dict, s: dict, command: str) -> str:
     when = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     packages = ", ".join(f"{k} {v}" for k, v in s["by_package"].items())
     folders = ", ".join(f"{k} {v}" for k, v in s["by_folder"].items())
-    about = (f"Server: `{args.python}`; options {found['options']}; {found['tokens']} tokens generated; "
-             f"{found['processes']} profiled processes; measured window {found['window_s']:.3f} s, "
-             f"idle windows {args.idle_seconds:.1f} s each.")
+    about = (f"Server: `{args.python}`; options {found['options']}; {args.calls} measured calls generated "
+             f"{found['tokens']} tokens; {found['processes']} profiled processes; measured window "
+             f"{found['window_s']:.3f} s, then two idle windows as long. A pair is on the path when it ran at least "
+             "once per call and more often than in either idle window; the rest that rose is background.")
     out = [f"# A request's path, counted ({when})", "", f"`{command}`", "", about, "",
            "| files | by package | by folder | lines | cross-file hops | background pairs left out |",
            "|---|---|---|---|---|---|",
-           f"| {len(s['files'])} | {packages} | {folders} | {s['total_lines']} | {len(s['hops'])} | "
-           f"{len(s['background'])} |", "", "## Files", ""]
+           (f"| {len(s['files'])} | {packages} | {folders} | {s['total_lines']} | {len(s['hops'])} | "
+            f"{len(s['background'])} |"), "", "## Files", ""]
     out += [f"- `{f}` ({s['lines'][f]} lines)" for f in s["files"]]
     out += ["", "## Cross-file hops (caller -> callee)", ""] + [f"- `{a}` -> `{b}`" for a, b in s["hops"]]
-    out += ["", "## Background: rose during the call and in an idle window too (left out)", ""]
+    out += ["", "## Background: rose during the calls, not on the path (left out)", ""]
     out += [f"- `{b}`" for b in s["background"]] or ["- none"]
     return "\n".join(out) + "\n"
 
@@ -197,7 +200,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-new-tokens", type=int, default=16, help="max_new_tokens of both calls")
     p.add_argument("--python", default=sys.executable,
                    help="the python of the venv whose seqserve serves (its `seqserve` script beside it)")
-    p.add_argument("--idle-seconds", type=float, default=1.0, help="each idle window that finds the background")
+    p.add_argument("--calls", type=int, default=5, help="measured calls, one after another (after one warm-up)")
     p.add_argument("--out", required=True, help="the markdown report")
     p.add_argument("--json", help="also write the counts as JSON here")
     return p.parse_args(argv)
