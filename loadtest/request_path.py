@@ -72,6 +72,8 @@ class Dumps:
         return alive
 
     def take(self) -> Counter:
+        if not self.pids():  # each process registers itself on start, long before the server answers SERVING
+            raise RuntimeError(f"no profiled server process registered in {self.dir}: the sitecustomize did not load")
         self.number += 1
         (self.dir / "trigger.tmp").write_text(str(self.number))
         os.replace(self.dir / "trigger.tmp", self.dir / path_profiler.TRIGGER)
