@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from seqserve.contract.integrity import check_graphs, open_bundle
 from seqserve.contract.manifest import Manifest
+from seqserve.contract.quality import below_bar
 from seqserve.engine.api import EngineClient
 from seqserve.engine.build import EngineConfig
 from seqserve.engine.device import RuntimeConfig
@@ -47,6 +48,10 @@ def load_model(s: Settings, source: Source, threads: int, used: int, role: Role 
     manifest, tokenizer = open_bundle(bundle)
     if s.variant in manifest.variants:  # probed on CPU too: an out-of-range gather may pass silently on a GPU
         check_graphs(bundle, manifest, s.variant)
+        why = below_bar(manifest.variants[s.variant].get("quality", {}))
+        if why:  # measured by `seqserve export`: serving it would answer with other tokens, or infinities
+            raise ModelError(f"model {source.name!r} refused: variant {s.variant} {why} ({bundle}/manifest.json); "
+                             "serve another variant")
     limits = s.limits(int(manifest.model["max_positions"]), int(manifest.max_new_tokens),
                       default_max_new_tokens(manifest.generation))
     memory = memory_bytes(bundle, manifest, s) if s.variant in manifest.variants else 0
