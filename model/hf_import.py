@@ -31,6 +31,7 @@ from seqserve.model.hf_weights import TensorEntry, read_headers, read_weights, w
 HF_GENERATION = "generation_config.json"
 NOTICES = ("README.md", "LICENSE")  # a model's terms travel with it
 MAX_NOTICE_BYTES = 16 << 20
+MAX_PREFIX_CHARS = 1000  # a task's input prefix ("summarize: ") shown in GetModelInfo
 # config.json's sizes -> the ModelConfig field each becomes, checked against that field's cap (contract/schema.py
 # MODEL_CAPS, the manifest's own) before anything is sized from it.
 SIZES = {"vocab_size": "vocab_size", "d_model": "d_model", "encoder_attention_heads": "n_heads",
@@ -90,6 +91,19 @@ def check_config(where: Path, config: dict) -> None:
         value = config.get(key, 0.0)
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ImportRefused(f"{where}: {key} must be a number, got {value!r}")
+
+
+def task_prefixes(where: Path, config: dict) -> dict[str, str]:
+    """config.json's task_specific_params, each task's input prefix (T5: "summarize: "): GetModelInfo shows them."""
+    tasks = config.get("task_specific_params") or {}
+    if not isinstance(tasks, dict) or not all(isinstance(v, dict) for v in tasks.values()):
+        raise ImportRefused(f"{where}: task_specific_params must be an object of task name -> object, got "
+                            f"{str(tasks)[:60]}")
+    for name, params in tasks.items():
+        if not isinstance(params.get("prefix", ""), str) or len(params.get("prefix", "")) > MAX_PREFIX_CHARS:
+            raise ImportRefused(f"{where}: task_specific_params.{name}.prefix must be a string of at most "
+                                f"{MAX_PREFIX_CHARS} characters")
+    return {name: params["prefix"] for name, params in tasks.items() if params.get("prefix")}
 
 
 def _switch(config: dict, key: str, default: bool) -> bool:
@@ -246,6 +260,7 @@ def import_model(hf_dir: str | Path, out: str | Path, progress: bool = True) -> 
         generation = load_generation(hf_dir)
     except GenerationConfigError as exc:
         raise ImportRefused(str(exc)) from None
+    prefixes = task_prefixes(hf_dir / HF_CONFIG, config)
     tokenizer, unk_id, languages = _tokenizer(hf_dir)
     t5 = FAMILIES[model_type].layout == "t5"
     if t5:
@@ -272,5 +287,6 @@ def import_model(hf_dir: str | Path, out: str | Path, progress: bool = True) -> 
     for name, text in notices.items():
         (out / name).write_bytes(text)
     ck.write_json_atomic(out / ck.METRICS, {"imported_from": {"model_type": model_type, "directory": str(hf_dir),
-                                                               "weights": [f.name for f in files]}})
+                                                               "weights": [f.name for f in files],
+                                                               "task_prefixes": prefixes}})
     return cfg

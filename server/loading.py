@@ -14,7 +14,7 @@ from seqserve.engine.device import RuntimeConfig
 from seqserve.engine.scheduler import SchedulerConfig
 from seqserve.server.engine_client import start_engine
 from seqserve.server.front_ends import Role
-from seqserve.server.model_defaults import default_max_new_tokens, info_entries
+from seqserve.server.model_defaults import default_max_new_tokens, info_entries, task_entries
 from seqserve.server.outbox import Outbox
 from seqserve.server.remote_engine import RemoteEngine
 from seqserve.server.repository import Source, memory_bytes
@@ -73,7 +73,7 @@ def load_model(s: Settings, source: Source, threads: int, used: int, role: Role 
 
 def model_info(engine: EngineClient, manifest: Manifest) -> dict:
     """GetModelInfo's facts of a loaded model (service.py types them): the engine's, and the model's generation
-    defaults as config entries."""
+    defaults and task prefixes as config entries."""
     info = dict(engine.info.model_info)
-    info["config"] = dict(info["config"]) | info_entries(manifest.generation)
+    info["config"] = dict(info["config"]) | info_entries(manifest.generation) | task_entries(manifest.training)
     return info

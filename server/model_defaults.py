@@ -33,3 +33,13 @@ def request_defaults(generation: dict, max_new_tokens: int, max_num_beams: int) 
 def info_entries(generation: dict) -> dict:
     """GetModelInfo's config entries for the model's generation defaults, named generation.<field> (typed values)."""
     return {f"generation.{k}": v for k, v in sorted(generation.items())}
+
+
+def task_entries(training: dict) -> dict:
+    """GetModelInfo's config entries for an imported model's task prefixes (config.json's task_specific_params),
+    named task.<name>.prefix: the text a client puts before its input for that task."""
+    imported = training.get("imported_from")
+    prefixes = imported.get("task_prefixes") if isinstance(imported, dict) else None
+    if not isinstance(prefixes, dict):  # the manifest's training section is free-form: show only what is well typed
+        return {}
+    return {f"task.{name}.prefix": prefix for name, prefix in sorted(prefixes.items()) if isinstance(prefix, str)}
