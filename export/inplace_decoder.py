@@ -5,8 +5,9 @@ Per layer, for a (batch, 1, d_model) step:
     self-attention   MatMul(packed QKV) + Add -> GroupQueryAttention -> MatMul(W^O) -> SkipLayerNormalization
     cross-attention  MatMul(W^Q) -> MultiHeadAttention(Q bias, cross K/V in BNSH, source mask) -> MatMul -> SkipLN
     feed-forward     MatMul + Add -> Relu | Gelu | FastGelu | Sigmoid * x (x gate MatMul) -> MatMul -> SkipLN
-SkipLayerNormalization (SkipSimplifiedLayerNormalization for T5's RMS norm) takes the output projection's bias and the residual: LN(x + sublayer + b) (post-LN), or with
-the *next* LayerNorm's weights and its sum output as the new residual stream (pre-LN), so norms cost no extra node.
+SkipLayerNormalization (SkipSimplifiedLayerNormalization for T5's RMS norm) takes the output projection's bias and
+the residual: LN(x + sublayer + b) (post-LN), or with the *next* LayerNorm's weights and its sum output as the new
+residual stream (pre-LN), so norms cost no extra node.
 
 GroupQueryAttention (kv_num_heads = num_heads) writes row b's new K/V at column past_sequence_lengths[b] of its
 past buffer and attends to columns [0, past_sequence_lengths[b]]. When present.* is bound to the same memory as

@@ -277,7 +277,7 @@ def import_model(hf_dir: str | Path, out: str | Path, progress: bool = True) -> 
     else:
         check_size(hf_dir, cfg, headers)
     names = hf_t5.hf_names(cfg) if t5 else bart_names(cfg)
-    model = map_weights(hf_dir, cfg, read_weights(headers, ImportRefused, progress), names)
+    model = map_weights(hf_dir, cfg, read_weights(headers, ImportRefused, progress), names, "" if t5 else "model.")
     out.mkdir(parents=True, exist_ok=True)
     cfg.save(out / ck.CONFIG)
     ck.save_weights(model, out / ck.WEIGHTS)

@@ -59,8 +59,9 @@ IGNORED = ("encoder.embed_positions.weight", "decoder.embed_positions.weight")  
 
 
 def map_weights(hf_dir: Path, cfg: ModelConfig, tensors: dict[str, torch.Tensor],
-                names: dict[str, list[str]]) -> Transformer:
-    """Our Transformer with the Hugging Face weights (every tensor used exactly once, shapes checked)."""
+                names: dict[str, list[str]], prefix: str = "model.") -> Transformer:
+    """Our Transformer with the Hugging Face weights (every tensor used exactly once, shapes checked); prefix: what
+    the family's files put before the names (BART's "model.", none in T5's)."""
     model = Transformer(cfg).eval()
     where = hf_dir / HF_WEIGHTS
     expected = model.state_dict()
@@ -71,7 +72,7 @@ def map_weights(hf_dir: Path, cfg: ModelConfig, tensors: dict[str, torch.Tensor]
             if ours == "final_logits_bias":  # HF creates it as zeros when a checkpoint lacks it
                 state[ours] = torch.zeros(cfg.vocab_size)
                 continue
-            raise ImportRefused(f"{where}: tensor {'model.' + candidates[0]!r} is missing")
+            raise ImportRefused(f"{where}: tensor {prefix + candidates[0]!r} is missing")
         value = tensors[present[0]].reshape(expected[ours].shape) if ours == "final_logits_bias" else \
             tensors[present[0]]
         for alias in present[1:]:  # a tied copy that save_pretrained kept must hold the same numbers
