@@ -53,7 +53,7 @@ def _read_json(path: Path) -> dict:
 def read_hf_config(hf_dir: Path) -> tuple[str, dict]:
     config = _read_json(hf_dir / HF_CONFIG)
     model_type = config.get("model_type")
-    if model_type in REFUSED:
+    if isinstance(model_type, str) and model_type in REFUSED:
         raise ImportRefused(f"{hf_dir / HF_CONFIG}: model_type {model_type} is not supported: {REFUSED[model_type]}")
     if not isinstance(model_type, str) or model_type not in FAMILIES:
         raise ImportRefused(f"{hf_dir / HF_CONFIG}: model_type {model_type!r} is not supported; supported: "

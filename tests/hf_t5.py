@@ -27,6 +27,7 @@ SIZES = {T5: dict(d_model=32, d_kv=8, num_heads=4, d_ff=64, num_layers=2),
                     feed_forward_proj="gated-gelu", tie_word_embeddings=False),
          MT5: dict(d_model=32, d_kv=8, num_heads=4, d_ff=64, num_layers=2, feed_forward_proj="gated-gelu",
                    tie_word_embeddings=False)}
+BENCH_VOCAB = 32_128  # t5-small's and flan-t5-small's vocab_size
 # the full sizes of t5-small and flan-t5-small, for benchmarks only
 BENCH = {"t5-small": (T5, dict(d_model=512, d_kv=64, num_heads=8, d_ff=2048, num_layers=6)),
          "flan-t5-small": (FLAN, dict(d_model=512, d_kv=64, num_heads=6, d_ff=1024, num_layers=8,
@@ -65,7 +66,8 @@ def spm_bytes(texts: list[str], vocab: int) -> bytes:
 
 
 def build(kind: str, directory: str | Path, seed: int = hf_fixtures.SEED, sizes: dict | None = None,
-          vocab: int = hf_fixtures.TINY.vocab) -> Path:
+          vocab: int = hf_fixtures.TINY.vocab, vocab_size: int | None = None) -> Path:
+    """vocab: the tokenizer's target size; vocab_size: config.json's (None: the tokenizer's, sentinels included)."""
     import torch
     from safetensors.torch import load_file, save_file
     from transformers import GenerationConfig, MT5Config, MT5ForConditionalGeneration, T5Config, \
@@ -77,7 +79,8 @@ def build(kind: str, directory: str | Path, seed: int = hf_fixtures.SEED, sizes:
     size = dict(sizes or SIZES[kind])
     config_class, model_class = (MT5Config, MT5ForConditionalGeneration) if kind == MT5 else \
         (T5Config, T5ForConditionalGeneration)
-    config = config_class(vocab_size=len(tok), relative_attention_num_buckets=8, relative_attention_max_distance=20,
+    vocab_size = vocab_size or len(tok)
+    config = config_class(vocab_size=vocab_size, relative_attention_num_buckets=8, relative_attention_max_distance=20,
                           dropout_rate=0.1, pad_token_id=0, eos_token_id=1, decoder_start_token_id=0,
                           task_specific_params=TASKS, **size)
     torch.manual_seed(seed)
@@ -89,7 +92,7 @@ def build(kind: str, directory: str | Path, seed: int = hf_fixtures.SEED, sizes:
     model.save_pretrained(directory)
     if size.get("tie_word_embeddings") is False:  # an untied head, as T5 v1.1 and mT5 store one
         weights = load_file(str(directory / "model.safetensors"))
-        weights["lm_head.weight"] = torch.randn(len(tok), size["d_model"], generator=torch.Generator().manual_seed(
+        weights["lm_head.weight"] = torch.randn(vocab_size, size["d_model"], generator=torch.Generator().manual_seed(
             seed + 1))
         save_file(weights, str(directory / "model.safetensors"), metadata={"format": "pt"})
         config_file = directory / "config.json"
@@ -100,3 +103,21 @@ def build(kind: str, directory: str | Path, seed: int = hf_fixtures.SEED, sizes:
 
 
 BUILDERS = {kind: (lambda directory, *args, kind=kind: build(kind, directory)) for kind in SIZES}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python tests/hf_t5.py t5-small DIR`: a random model of t5-small's or flan-t5-small's size (vocabulary
+    32,128, as theirs; the tokenizer covers its first ids), for benchmarks."""
+    import argparse
+
+    p = argparse.ArgumentParser(description=main.__doc__)
+    p.add_argument("size", choices=sorted(BENCH))
+    p.add_argument("out", help="directory to write the save_pretrained files to")
+    args = p.parse_args(argv)
+    kind, sizes = BENCH[args.size]
+    print(build(kind, args.out, sizes=sizes, vocab_size=BENCH_VOCAB))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
