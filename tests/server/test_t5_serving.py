@@ -153,3 +153,14 @@ def test_variant_quality_is_recorded_and_a_variant_below_the_bar_is_refused(fami
     assert f"top-1 agreement with fp32 is {int8['top1_agreement']:.2%}" in str(info.value)
     assert make_server(bundle=bundle, variant="fp16").stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=10).variant \
         == "fp16"
+
+
+def test_seeded_sampling_is_the_same_alone_and_in_a_batch(family, sentences):
+    """Per-request sampling over rows at different positions: each source's samples alone equal its samples inside
+    one batch of eight, and differ from greedy."""
+    _, _, _, server, _, _ = family
+    sampling = dict(num_beams=1, temperature=1.5, top_k=50, seed=7, max_new_tokens=MAX_NEW)
+    texts = sentences[:8]
+    alone = [_served(server, [text], **sampling)[0].token_ids for text in texts]
+    assert [r.token_ids for r in _served(server, texts, **sampling)] == alone
+    assert alone != [r.token_ids for r in _served(server, texts, num_beams=1, max_new_tokens=MAX_NEW)]
