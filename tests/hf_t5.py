@@ -19,6 +19,8 @@ import hf_fixtures
 
 T5, FLAN, MT5 = "t5", "flan_t5", "mt5"
 SUMMARIZE = "summarize: "
+SENTINELS = 100  # <extra_id_0..99>, after the pieces
+UNUSED_SCORE = -1000.0  # a padding piece's score: far below every real piece, so the Unigram never picks it
 SHARED_SCALE = 0.1  # the embeddings' std beside transformers' default init (1.0), so outputs depend on the source
 TASKS = {"summarization": {"prefix": SUMMARIZE, "num_beams": 4, "max_length": 40},
          "translation_en_to_de": {"prefix": "translate English to German: "}}
@@ -29,13 +31,15 @@ SIZES = {T5: dict(d_model=32, d_kv=8, num_heads=4, d_ff=64, num_layers=2),
                    tie_word_embeddings=False)}
 BENCH_VOCAB = 32_128  # t5-small's and flan-t5-small's vocab_size
 # the full sizes of t5-small and flan-t5-small, for benchmarks only
-BENCH = {"t5-small": (T5, dict(d_model=512, d_kv=64, num_heads=8, d_ff=2048, num_layers=6)),
+T5_BUCKETS = dict(relative_attention_num_buckets=32, relative_attention_max_distance=128)  # t5-small's, Flan's
+BENCH = {"t5-small": (T5, dict(d_model=512, d_kv=64, num_heads=8, d_ff=2048, num_layers=6, **T5_BUCKETS)),
          "flan-t5-small": (FLAN, dict(d_model=512, d_kv=64, num_heads=6, d_ff=1024, num_layers=8,
-                                      feed_forward_proj="gated-gelu", tie_word_embeddings=False))}
+                                      feed_forward_proj="gated-gelu", tie_word_embeddings=False, **T5_BUCKETS))}
 
 
-def _tokenizer(directory: Path, vocab: int):
-    """A T5Tokenizer over a sentencepiece Unigram trained here: <pad> 0, </s> 1, <unk> 2, pieces, 100 sentinels."""
+def _tokenizer(directory: Path, vocab: int, size: int | None = None):
+    """A T5Tokenizer over a sentencepiece Unigram trained here: <pad> 0, </s> 1, <unk> 2, pieces, 100 sentinels;
+    with size, padded with pieces it never emits to size tokens (a benchmark model's whole vocabulary)."""
     import sentencepiece as spm
     from sentencepiece import sentencepiece_model_pb2 as pb
     from transformers import T5Tokenizer
@@ -44,6 +48,8 @@ def _tokenizer(directory: Path, vocab: int):
     (directory / "spiece.model").write_bytes(proto)
     sp = spm.SentencePieceProcessor(model_proto=proto)
     scores = [(sp.id_to_piece(i), sp.get_score(i)) for i in range(sp.get_piece_size())]
+    if size:
+        scores += [(f"▁unused{i}", UNUSED_SCORE) for i in range(size - SENTINELS - len(scores))]
     model = pb.ModelProto()
     model.ParseFromString(proto)
     tok = T5Tokenizer(vocab=scores, _spm_precompiled_charsmap=model.normalizer_spec.precompiled_charsmap,
@@ -67,7 +73,8 @@ def spm_bytes(texts: list[str], vocab: int) -> bytes:
 
 def build(kind: str, directory: str | Path, seed: int = hf_fixtures.SEED, sizes: dict | None = None,
           vocab: int = hf_fixtures.TINY.vocab, vocab_size: int | None = None) -> Path:
-    """vocab: the tokenizer's target size; vocab_size: config.json's (None: the tokenizer's, sentinels included)."""
+    """vocab: the trained pieces' target size; vocab_size: the tokenizer's and config.json's, padded with pieces never
+    emitted (None: the trained pieces and the sentinels)."""
     import torch
     from safetensors.torch import load_file, save_file
     from transformers import GenerationConfig, MT5Config, MT5ForConditionalGeneration, T5Config, \
@@ -75,14 +82,14 @@ def build(kind: str, directory: str | Path, seed: int = hf_fixtures.SEED, sizes:
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    tok = _tokenizer(directory, vocab)
+    tok = _tokenizer(directory, vocab, vocab_size)
     size = dict(sizes or SIZES[kind])
     config_class, model_class = (MT5Config, MT5ForConditionalGeneration) if kind == MT5 else \
         (T5Config, T5ForConditionalGeneration)
-    vocab_size = vocab_size or len(tok)
-    config = config_class(vocab_size=vocab_size, relative_attention_num_buckets=8, relative_attention_max_distance=20,
-                          dropout_rate=0.1, pad_token_id=0, eos_token_id=1, decoder_start_token_id=0,
-                          task_specific_params=TASKS, **size)
+    vocab_size = len(tok)
+    buckets = dict(relative_attention_num_buckets=8, relative_attention_max_distance=20)  # tiny: short inputs too
+    config = config_class(vocab_size=vocab_size, dropout_rate=0.1, pad_token_id=0, eos_token_id=1,
+                          decoder_start_token_id=0, task_specific_params=TASKS, **(buckets | size))
     torch.manual_seed(seed)
     model = model_class(config).eval()
     with torch.no_grad():  # a tied head over std-1 embeddings repeats the previous token whatever the source
@@ -107,7 +114,7 @@ BUILDERS = {kind: (lambda directory, *args, kind=kind: build(kind, directory)) f
 
 def main(argv: list[str] | None = None) -> int:
     """`python tests/hf_t5.py t5-small DIR`: a random model of t5-small's or flan-t5-small's size (vocabulary
-    32,128, as theirs; the tokenizer covers its first ids), for benchmarks."""
+    32,128, as theirs, the tokenizer padded with pieces never emitted), for benchmarks."""
     import argparse
 
     p = argparse.ArgumentParser(description=main.__doc__)
