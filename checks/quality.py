@@ -14,8 +14,8 @@ import numpy as np
 from tokenizers import Tokenizer
 from tqdm import tqdm
 
-from seqserve.contract import names
 from seqserve.checks.tokenizer_texts import real_strings
+from seqserve.contract import names
 from seqserve.contract.manifest import Manifest, load_manifest
 from seqserve.contract.quality import MAX_EXACT_MATCH_DROP, below_bar
 from seqserve.contract.tokenizer import load_tokenizer

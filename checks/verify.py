@@ -12,10 +12,10 @@ import numpy as np
 from tqdm import tqdm
 
 from seqserve.checks.quality import CPU, QUALITY_N, measure_quality
-from seqserve.contract.quality import MAX_EXACT_MATCH_DROP, MIN_TOP1
 from seqserve.checks.table import Check
 from seqserve.contract import names
 from seqserve.contract.manifest import MANIFEST, BundleError, Manifest, listed_files, load_manifest, sha256_of
+from seqserve.contract.quality import MAX_EXACT_MATCH_DROP, MIN_TOP1
 from seqserve.contract.verified import VERIFIED, is_verified  # noqa: F401 (is_verified: deploy/bundle.sh)
 from seqserve.engine.device import RuntimeConfig
 from seqserve.engine.runner import Runner

@@ -13,16 +13,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import torch
-
 from seqserve.contract.generation import GenerationConfigError, GenerationDefaults
 from seqserve.contract.generation import load as load_generation
 from seqserve.contract.jsonfile import confined, read_bytes, read_object
 from seqserve.contract.languages import LANGUAGES_FILE, Languages
 from seqserve.contract.schema import ID, MODEL_CAPS, Int, Nullable, SchemaError
 from seqserve.model import checkpoint as ck
-from seqserve.model.config import ModelConfig
 from seqserve.model import hf_t5
+from seqserve.model.config import ModelConfig
 from seqserve.model.hf_families import FAMILIES, REFUSED
 from seqserve.model.hf_mapping import HF_CONFIG, ImportRefused, bart_names, map_weights
 from seqserve.model.hf_tokenizer import TokenizerImportError, convert_multilingual, unk_token

@@ -77,8 +77,13 @@ def build(kind: str, directory: str | Path, seed: int = hf_fixtures.SEED, sizes:
     emitted (None: the trained pieces and the sentinels)."""
     import torch
     from safetensors.torch import load_file, save_file
-    from transformers import GenerationConfig, MT5Config, MT5ForConditionalGeneration, T5Config, \
-        T5ForConditionalGeneration
+    from transformers import (
+        GenerationConfig,
+        MT5Config,
+        MT5ForConditionalGeneration,
+        T5Config,
+        T5ForConditionalGeneration,
+    )
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)

@@ -34,8 +34,8 @@ def _reshape(name: str):
 
 
 T5_CASES = {
-    "umt5": (config(model_type="umt5"), "config.json: model_type umt5 is not supported: UMT5 has a relative position "
-             "bias in every layer"),
+    "umt5": (config(model_type="umt5"), ("config.json: model_type umt5 is not supported: UMT5 has a relative position "
+                                         "bias in every layer")),
     "heads-0": (config(num_heads=0), "config.json: num_heads must be >= 1, got 0"),
     "d_kv-float": (config(d_kv=16.0), "config.json: d_kv must be an integer, got float 16.0"),
     "d_kv-missing": (config(d_kv=None), "config.json: d_kv is missing"),
@@ -46,8 +46,9 @@ T5_CASES = {
     "positions-1e9": (config(n_positions=10**9), "config.json: n_positions must be <= 65536, got 1000000000"),
     "ffn-gated-silu": (config(feed_forward_proj="gated-silu"),
                        "config.json: feed_forward_proj 'gated-silu' is not supported; supported: relu, gated-gelu"),
-    "buckets-2": (config(relative_attention_num_buckets=2), "config.json: relative_attention_num_buckets=2 and "
-                  "relative_attention_max_distance=20: T5's buckets need at least 4 buckets"),
+    "buckets-2": (config(relative_attention_num_buckets=2), ("config.json: relative_attention_num_buckets=2 and "
+                                                            "relative_attention_max_distance=20: T5's buckets need at "
+                                                            "least 4 buckets")),
     "eps-string": (config(layer_norm_epsilon="1e-6"),
                    "config.json: layer_norm_epsilon must be a number in (0, 1), got '1e-6'"),
     "eos-list": (config(eos_token_id=[1, 2]), "config.json: eos_token_id must be an integer"),
