@@ -118,6 +118,10 @@ def _export(args: argparse.Namespace) -> int:
         agreement = f", top-1 agreement {q['top1_agreement']:.2%}" if "top1_agreement" in q else ""
         if "exact_match" in q:
             measured = f"exact match {q['exact_match']:.2%} (n={q['n']}){agreement}"
+        elif agreement:  # an imported model's bundle: measured on probe strings, without references
+            measured = f"top-1 agreement {q['top1_agreement']:.2%} with fp32 on {q['n']} probe strings"
+        elif "nan_free" in q:
+            measured = f"finite logits on {q['n']} probe strings" if q["nan_free"] else "NaN or infinite logits"
         else:  # e.g. an imported model's bundle, which has no held-out pairs to measure on
             measured = "quality not measured: " + q.get("skipped", ", ".join(f"{k} {v}" for k, v in q.items()))
         print(f"{name}: {measured}{'  WARNING: ' + q['warning'] if 'warning' in q else ''}")

@@ -28,12 +28,12 @@ def kv_names(n_layers: int) -> set[str]:
 
 def check_dims(session, model: dict) -> None:
     """heads and head_dim of every K/V tensor, and vocab of the logits, equal the manifest's (static dimensions)."""
-    heads, head_dim, vocab = model["n_heads"], model["d_model"] // model["n_heads"], model["vocab_size"]
+    heads, head_dim, vocab = model["n_heads"], names.head_dim(model), model["vocab_size"]
     kv = kv_names(model["n_decoder_layers"])
     for arg in [*session.get_inputs(), *session.get_outputs()]:
         shape = list(arg.shape)
         if arg.name in kv and len(shape) == 4:
-            for axis, want, what in ((1, heads, "model.n_heads"), (3, head_dim, "model.d_model / model.n_heads")):
+            for axis, want, what in ((1, heads, "model.n_heads"), (3, head_dim, "model.d_kv or d_model / n_heads")):
                 if isinstance(shape[axis], int) and shape[axis] != want:
                     raise GraphMismatch(f"{arg.name} has {shape[axis]} at axis {axis} (shape {shape}) but the "
                                         f"manifest's {what} is {want}")
@@ -79,7 +79,7 @@ def probe(session, graph: str, model: dict, special: dict) -> None:
 
 
 def _decoder_feeds(inputs: dict, model: dict, special: dict, position: int) -> dict:
-    heads, head_dim = model["n_heads"], model["d_model"] // model["n_heads"]
+    heads, head_dim = model["n_heads"], names.head_dim(model)
     feeds = {names.DECODER_INPUT_IDS: np.array([[special["bos_id"]]], np.int64),
              names.POSITION_IDS: np.array([[position]], np.int64),
              names.DECODER_ATTENTION_MASK: np.ones((1, 1), np.int64),  # no past: the new token alone

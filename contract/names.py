@@ -11,6 +11,12 @@ TOTAL_LEN = "past_len + 1"  # the name the dynamo exporter derives for present K
 MAX_LEN = "max_len"  # decoder_inplace: the preallocated self-attention K/V buffers' length (the runner chooses it)
 HEADS, HEAD_DIM, VOCAB = "heads", "head_dim", "vocab"
 
+
+def head_dim(model: dict) -> int:
+    """A manifest model's head width: d_kv (T5, where n_heads * d_kv may differ from d_model) or d_model / n_heads."""
+    return model.get("d_kv") or model["d_model"] // model["n_heads"]
+
+
 ENCODER_FILE = "encoder.onnx"
 DECODER_FILE = "decoder.onnx"
 DECODER_INPLACE_FILE = "decoder_inplace.onnx"

@@ -169,7 +169,10 @@ def cross_field_problems(data: dict) -> list[str]:
     """Consistency a per-field type cannot express (run after the schema passed)."""
     model, special = data["model"], data["special_tokens"]
     problems = []
-    if model["d_model"] % model["n_heads"]:
+    d_kv = model.get("d_kv")
+    if d_kv is not None and (isinstance(d_kv, bool) or not isinstance(d_kv, int) or not 0 < d_kv <= MAX_WIDTH):
+        problems.append(f"model.d_kv={d_kv!r} must be an integer in [1, {MAX_WIDTH}] or null")
+    elif d_kv is None and model["d_model"] % model["n_heads"]:
         problems.append(f"model.d_model={model['d_model']} is not a multiple of model.n_heads={model['n_heads']}")
     if data["max_new_tokens"] > model["max_positions"]:
         problems.append(f"max_new_tokens={data['max_new_tokens']} exceeds model.max_positions={model['max_positions']} "

@@ -51,7 +51,7 @@ class Runner:
         cfg, special = self.manifest.model, self.manifest.special_tokens
         self.pad_id = special["pad_id"]
         self.n_layers = cfg["n_decoder_layers"]
-        max_new, heads, head_dim = int(self.manifest.max_new_tokens), cfg["n_heads"], cfg["d_model"] // cfg["n_heads"]
+        max_new, heads, head_dim = int(self.manifest.max_new_tokens), cfg["n_heads"], names.head_dim(cfg)
         self.slots = Slots(capacity, max_new, self.manifest.decoder_start_id)  # every row's first decoder input
         self.kv_cache = choose_cache(kv_cache, files, self.device.ort_device)  # the encoder session settled the device
         if self.kv_cache == "inplace":
@@ -69,7 +69,7 @@ class Runner:
         self.token_choice = set(names.TOKEN_CHOICE_OUTPUTS) <= outputs  # steps may fetch ids instead of logits
         if getattr(self.cache, "captured", False):  # CUDA graphs: every bucket captured before the first request
             self.cache.capture(self.decoder, self.slots)
-        self.cross_bytes_per_token = 2 * self.n_layers * cfg["d_model"] * 4  # float32 K and V of one source token
+        self.cross_bytes_per_token = 2 * self.n_layers * heads * head_dim * 4  # float32 K and V of one source token
         self._left = False  # a row left since the last step
 
     def _session(self, file: str, graph: str, capture: bool = False):

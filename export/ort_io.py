@@ -51,7 +51,7 @@ def decoder_feeds(
 def random_decoder_feeds(model: dict, batch: int, past_len: int, src_len: int, seed: int = 0) -> dict[str, np.ndarray]:
     """Feeds for a hard step: row 0 sees only its new token (no real past) and no source token at all."""
     rng = np.random.default_rng(seed)
-    heads, head_dim, n = model["n_heads"], model["d_model"] // model["n_heads"], model["n_decoder_layers"]
+    heads, head_dim, n = model["n_heads"], names.head_dim(model), model["n_decoder_layers"]
     ids = rng.integers(4, model["vocab_size"], (batch, 1))
     positions = rng.integers(0, min(past_len + 1, model["max_positions"]), (batch, 1))
     self_mask = np.ones((batch, past_len + 1), np.int64)

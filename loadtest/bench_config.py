@@ -9,6 +9,7 @@ from pathlib import Path
 
 from seqserve.contract.devices import DEVICES
 from seqserve.contract.names import KV_CACHES
+from seqserve.model.hf_families import FAMILIES
 from seqserve.model.presets import SHAPES
 
 DEFAULT_BATCH_SIZES = (1, 8, 32, 64)
@@ -139,7 +140,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "d_ff 2048, vocab 8000) or small (256, 4, 3+3, 1024, 8000): random weights, random sources, "
                         f"every backend forced to the same length ({FORCED_TOKENS} tokens unless --max-new-tokens)")
     p.add_argument("--hf", metavar="DIR",
-                   help="a Hugging Face model directory (save_pretrained form: marian, bart): imported and exported "
+                   help="a Hugging Face model directory (save_pretrained form, a model_type `seqserve import` reads: "
+                        f"{', '.join(FAMILIES)}): imported and exported "
                         "for the engine rows, converted by CTranslate2's own TransformersConverter for its rows, and "
                         "run by transformers' generate (the reference of token agreement); random sources, every "
                         f"backend forced to the same length ({FORCED_TOKENS} tokens unless --max-new-tokens)")

@@ -44,7 +44,7 @@ class GraphLoop:
         self.decoder = self.device.session(bundle / files[self.graph]["file"])
         cfg, special = manifest.model, manifest.special_tokens
         self.n_layers, self.heads = cfg["n_decoder_layers"], cfg["n_heads"]
-        self.head_dim = cfg["d_model"] // cfg["n_heads"]
+        self.head_dim = names.head_dim(cfg)
         self.pad_id, self.eos_id = special["pad_id"], special["eos_id"]
         self.start_id = manifest.decoder_start_id  # the decoder's first input (Marian: <pad>, BART: </s>)
         self.max_len = int(manifest.max_new_tokens)  # the in-place buffers' length, as the engine allocates them

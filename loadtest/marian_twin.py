@@ -14,7 +14,7 @@ from pathlib import Path
 
 from seqserve.model.checkpoint import CONFIG, load_model, tied_names
 from seqserve.model.config import ModelConfig
-from seqserve.model.hf_import import _hf_names
+from seqserve.model.hf_mapping import bart_names
 
 MODEL_PREFIX = "model."  # MarianMTModel's state-dict names, but lm_head and final_logits_bias, start with it
 MARIAN_POSITIONS = ("sinusoidal", "sinusoidal_halves")  # a fixed sinusoid table: Marian's embed_positions holds it
@@ -66,7 +66,7 @@ def load(checkpoint: str | Path):
     if why:
         raise ValueError(f"{checkpoint / CONFIG}: a transformers MarianMTModel cannot compute this model: {why}")
     ours = load_model(checkpoint)
-    theirs = {hf: name for name, candidates in _hf_names(cfg).items() for hf in candidates}
+    theirs = {hf: name for name, candidates in bart_names(cfg).items() for hf in candidates}
     own = ours.state_dict()
     table = ours.positions.table  # (P, D): the checkpoint's own sinusoids, whatever their layout
     model = MarianMTModel(marian_config(cfg)).eval()

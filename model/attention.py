@@ -25,19 +25,22 @@ def causal_bias(n_queries: int, n_keys: int, device: torch.device | None = None)
 class MultiHeadAttention(nn.Module):
     """MultiHead(Q, K, V) = Concat(head_1..head_h) W^O, head_i = softmax(Q W_i^Q (K W_i^K)^T / sqrt(d_k)) V W_i^V."""
 
-    def __init__(self, d_model: int, n_heads: int, dropout: float) -> None:
+    def __init__(self, d_model: int, n_heads: int, dropout: float, head_dim: int | None = None, bias: bool = True,
+                 scale: bool = True) -> None:
         super().__init__()
         self.n_heads = n_heads
-        self.head_dim = d_model // n_heads
-        self.q_proj = nn.Linear(d_model, d_model)
-        self.k_proj = nn.Linear(d_model, d_model)
-        self.v_proj = nn.Linear(d_model, d_model)
-        self.o_proj = nn.Linear(d_model, d_model)
+        self.head_dim = head_dim or d_model // n_heads
+        inner = n_heads * self.head_dim  # d_model, except in T5 models whose n_heads * d_kv differs from it
+        self.q_proj = nn.Linear(d_model, inner, bias=bias)
+        self.k_proj = nn.Linear(d_model, inner, bias=bias)
+        self.v_proj = nn.Linear(d_model, inner, bias=bias)
+        self.o_proj = nn.Linear(inner, d_model, bias=bias)
         self.dropout = nn.Dropout(dropout)
+        self.scale = scale  # T5 leaves scores unscaled (its initialisation accounts for it)
 
     def split_heads(self, x: torch.Tensor) -> torch.Tensor:
         b, t, _ = x.shape  # (B, T, D)
-        return x.view(b, t, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, T, Dh)
+        return x.view(b, t, self.n_heads, self.head_dim).transpose(1, 2)  # (B, T, H * Dh) -> (B, H, T, Dh)
 
     def project_kv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values of x, split into heads: the tensors a KV cache stores."""
@@ -46,7 +49,8 @@ class MultiHeadAttention(nn.Module):
     def forward(self, x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
         # x: (B, T, D) queries' input; k, v: (B, H, S, Dh); bias: additive, broadcastable to (B, H, T, S)
         q = self.split_heads(self.q_proj(x))  # (B, H, T, Dh)
-        scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_dim) + bias  # (B, H, T, S)
+        scores = q @ k.transpose(-2, -1)  # (B, H, T, S)
+        scores = (scores / math.sqrt(self.head_dim) if self.scale else scores) + bias
         weights = self.dropout(torch.softmax(scores, dim=-1))  # (B, H, T, S)
         out = weights @ v  # (B, H, T, Dh)
         b, _, t, _ = out.shape

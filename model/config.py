@@ -12,9 +12,11 @@ LN_EPSILON = 1e-5  # every LayerNorm's epsilon (torch's and Hugging Face's defau
 
 # Architecture options (docs/architecture.md "Model options"); the first of each is the seeds' choice.
 # interleaved sin/cos; sin half then cos half (Marian); fairseq's halves from an offset (M2M100); learned (BART)
-POSITIONS = ("sinusoidal", "sinusoidal_halves", "sinusoidal_fairseq", "learned")
+# relative: no position vectors, a learned bias per (bucket of key - query, head) on attention scores (T5)
+POSITIONS = ("sinusoidal", "sinusoidal_halves", "sinusoidal_fairseq", "learned", "relative")
 OFFSET_POSITIONS = ("learned", "sinusoidal_fairseq")  # the kinds whose position 0 may sit at a table row > 0
-ACTIVATIONS = ("relu", "gelu", "silu")  # gelu: the exact (erf) form; silu = swish
+ACTIVATIONS = ("relu", "gelu", "silu", "gelu_tanh")  # gelu: the exact (erf) form; silu = swish; gelu_tanh: gelu_new
+NORMS = ("layer", "rms")  # LayerNorm; RMS norm without mean or bias, its variance in float32 (T5)
 
 
 @dataclass(frozen=True)
@@ -41,14 +43,28 @@ class ModelConfig:
     eos_id: int = 2
     unk_id: int = 3
     decoder_start_id: int | None = None  # the decoder's first input; None = bos_id (Marian: pad, BART: eos)
+    # T5's switches (DESIGN "Pretrained encoder-decoders"); each default is every other family's choice.
+    d_kv: int | None = None  # each head's width; None = d_model / n_heads (T5: n_heads * d_kv may differ from d_model)
+    bias: bool = True  # linear layers have biases (T5: none)
+    norm: str = "layer"  # one of NORMS
+    norm_eps: float = LN_EPSILON
+    scale_attention: bool = True  # scores / sqrt(head_dim) (T5: unscaled)
+    gated_ffn: bool = False  # act(x W1) * (x W3), then W2 (T5 v1.1, Flan-T5, mT5: gated-gelu)
+    relative_buckets: int = 32  # relative positions: buckets of the bias table
+    relative_max_distance: int = 128  # relative positions: distances from here on share the last bucket
+    scale_output: bool = False  # the decoder output times d_model^-0.5 before out_proj (T5 v1.0)
 
     def __post_init__(self) -> None:
-        if self.d_model % self.n_heads:
+        if self.d_kv is None and self.d_model % self.n_heads:
             raise ValueError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
         if min(self.vocab_size, self.d_model, self.n_heads, self.d_ff, self.max_positions) <= 0:
             raise ValueError(f"ModelConfig sizes must be positive: {self}")
         if self.positions not in POSITIONS:
             raise ValueError(f"positions must be one of {POSITIONS}, got {self.positions!r}")
+        if self.norm not in NORMS:
+            raise ValueError(f"norm must be one of {NORMS}, got {self.norm!r}")
+        if min(self.d_kv or 1, self.relative_buckets, self.relative_max_distance) <= 0:
+            raise ValueError(f"d_kv, relative_buckets and relative_max_distance must be positive: {self}")
         if self.activation not in ACTIVATIONS:
             raise ValueError(f"activation must be one of {ACTIVATIONS}, got {self.activation!r}")
         if self.position_offset < 0 or (self.position_offset and self.positions not in OFFSET_POSITIONS):
@@ -66,7 +82,7 @@ class ModelConfig:
 
     @property
     def head_dim(self) -> int:
-        return self.d_model // self.n_heads
+        return self.d_kv or self.d_model // self.n_heads
 
     def to_dict(self) -> dict:
         return asdict(self)

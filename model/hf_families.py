@@ -15,6 +15,7 @@ class Family:
     embed_norm: bool  # layernorm_embedding
     offset_after_pad: bool = False  # position 0 is row pad_token_id + 1 (fairseq's make_positions: M2M100, NLLB)
     models: str = ""  # the model families published under this model_type, as users know them
+    layout: str = "bart"  # config.json's keys and weight names: BART's (fairseq's) or T5's (model/hf_t5.py)
 
     @property
     def legacy(self) -> dict[str, bool]:
@@ -30,7 +31,11 @@ FAMILIES = {
     "mbart": Family("learned", 2, norm_first=True, embed_norm=True, models="mBART, mBART-50"),
     "m2m_100": Family("sinusoidal_fairseq", 0, norm_first=True, embed_norm=False, offset_after_pad=True,
                       models="M2M100, NLLB"),
+    "t5": Family("relative", 0, norm_first=True, embed_norm=False, models="T5, T5 v1.1, Flan-T5", layout="t5"),
+    "mt5": Family("relative", 0, norm_first=True, embed_norm=False, models="mT5", layout="t5"),
 }
+# model_types refused by name, with the reason
+REFUSED = {"umt5": "UMT5 has a relative position bias in every layer; seqserve's T5 shares one per stack (t5, mt5)"}
 
 
 def described() -> str:

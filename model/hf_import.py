@@ -13,23 +13,23 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import torch
-
 from seqserve.contract.generation import GenerationConfigError, GenerationDefaults
 from seqserve.contract.generation import load as load_generation
 from seqserve.contract.jsonfile import confined, read_bytes, read_object
 from seqserve.contract.languages import LANGUAGES_FILE, Languages
 from seqserve.contract.schema import ID, MODEL_CAPS, Int, Nullable, SchemaError
 from seqserve.model import checkpoint as ck
+from seqserve.model import hf_t5
 from seqserve.model.config import ModelConfig
-from seqserve.model.hf_families import FAMILIES
+from seqserve.model.hf_families import FAMILIES, REFUSED
+from seqserve.model.hf_mapping import HF_CONFIG, ImportRefused, bart_names, map_weights
 from seqserve.model.hf_tokenizer import TokenizerImportError, convert_multilingual, unk_token
-from seqserve.model.hf_weights import HF_WEIGHTS, TensorEntry, read_headers, read_weights, weight_files
-from seqserve.model.transformer import Transformer
+from seqserve.model.hf_weights import TensorEntry, read_headers, read_weights, weight_files
 
-HF_CONFIG, HF_GENERATION = "config.json", "generation_config.json"
+HF_GENERATION = "generation_config.json"
 NOTICES = ("README.md", "LICENSE")  # a model's terms travel with it
 MAX_NOTICE_BYTES = 16 << 20
+MAX_PREFIX_CHARS = 1000  # a task's input prefix ("summarize: ") shown in GetModelInfo
 # config.json's sizes -> the ModelConfig field each becomes, checked against that field's cap (contract/schema.py
 # MODEL_CAPS, the manifest's own) before anything is sized from it.
 SIZES = {"vocab_size": "vocab_size", "d_model": "d_model", "encoder_attention_heads": "n_heads",
@@ -38,10 +38,6 @@ SIZES = {"vocab_size": "vocab_size", "d_model": "d_model", "encoder_attention_he
          "max_position_embeddings": "max_positions"}
 OPTIONAL_SIZES = {"decoder_vocab_size": "vocab_size"}
 SWITCHES = ("scale_embedding", "share_encoder_decoder_embeddings", "tie_word_embeddings")  # true/false when present
-
-
-class ImportRefused(ValueError):
-    """A directory `seqserve import` cannot turn into a checkpoint; the message names the file and the field."""
 
 
 ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "silu": "silu", "swish": "silu"}
@@ -55,10 +51,15 @@ def _read_json(path: Path) -> dict:
 def read_hf_config(hf_dir: Path) -> tuple[str, dict]:
     config = _read_json(hf_dir / HF_CONFIG)
     model_type = config.get("model_type")
+    if isinstance(model_type, str) and model_type in REFUSED:
+        raise ImportRefused(f"{hf_dir / HF_CONFIG}: model_type {model_type} is not supported: {REFUSED[model_type]}")
     if not isinstance(model_type, str) or model_type not in FAMILIES:
         raise ImportRefused(f"{hf_dir / HF_CONFIG}: model_type {model_type!r} is not supported; supported: "
                             f"{', '.join(FAMILIES)}")
-    check_config(hf_dir / HF_CONFIG, config)
+    if FAMILIES[model_type].layout == "t5":
+        hf_t5.check_config(hf_dir / HF_CONFIG, config, ImportRefused)
+    else:
+        check_config(hf_dir / HF_CONFIG, config)
     return model_type, config
 
 
@@ -88,6 +89,19 @@ def check_config(where: Path, config: dict) -> None:
         value = config.get(key, 0.0)
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ImportRefused(f"{where}: {key} must be a number, got {value!r}")
+
+
+def task_prefixes(where: Path, config: dict) -> dict[str, str]:
+    """config.json's task_specific_params, each task's input prefix (T5: "summarize: "): GetModelInfo shows them."""
+    tasks = config.get("task_specific_params") or {}
+    if not isinstance(tasks, dict) or not all(isinstance(v, dict) for v in tasks.values()):
+        raise ImportRefused(f"{where}: task_specific_params must be an object of task name -> object, got "
+                            f"{str(tasks)[:60]}")
+    for name, params in tasks.items():
+        if not isinstance(params.get("prefix", ""), str) or len(params.get("prefix", "")) > MAX_PREFIX_CHARS:
+            raise ImportRefused(f"{where}: task_specific_params.{name}.prefix must be a string of at most "
+                                f"{MAX_PREFIX_CHARS} characters")
+    return {name: params["prefix"] for name, params in tasks.items() if params.get("prefix")}
 
 
 def _switch(config: dict, key: str, default: bool) -> bool:
@@ -186,80 +200,6 @@ def check_size(hf_dir: Path, cfg: ModelConfig, headers: dict[Path, list[TensorEn
                             f"position table of {computed:,} values, more than the weight files' {held:,}")
 
 
-def _hf_names(cfg: ModelConfig) -> dict[str, list[str]]:
-    """Our state-dict name -> the Hugging Face names that may hold it (first present wins; names without
-    "model."). Tied weights list every alias, since save_pretrained keeps only one of them."""
-    emb = ["shared.weight", "encoder.embed_tokens.weight", "decoder.embed_tokens.weight", "lm_head.weight"]
-    names: dict[str, list[str]] = {
-        "src_embed.weight": emb if cfg.tie_embeddings else ["encoder.embed_tokens.weight", "shared.weight"]}
-    if not cfg.tie_embeddings:
-        names["tgt_embed.weight"] = ["decoder.embed_tokens.weight"] + (["lm_head.weight"] if cfg.tie_output else [])
-    if not cfg.tie_output:
-        names["out_proj.weight"] = ["lm_head.weight"]
-    names["final_logits_bias"] = ["final_logits_bias"]
-    if cfg.positions == "learned":
-        names["positions.table"] = ["encoder.embed_positions.weight"]
-        names["tgt_positions.table"] = ["decoder.embed_positions.weight"]
-    for ours, theirs in (("src_embed_norm", "encoder.layernorm_embedding"), ("tgt_embed_norm",
-                         "decoder.layernorm_embedding"), ("enc_norm", "encoder.layer_norm"),
-                         ("dec_norm", "decoder.layer_norm")):
-        if (cfg.embed_norm if "embed" in ours else cfg.norm_first):
-            for p in ("weight", "bias"):
-                names[f"{ours}.{p}"] = [f"{theirs}.{p}"]
-    blocks = {"encoder": {"self_attn": "self_attn", "res_attn.norm": "self_attn_layer_norm", "ffn.w1": "fc1",
-                          "ffn.w2": "fc2", "res_ffn.norm": "final_layer_norm"},
-              "decoder": {"self_attn": "self_attn", "res_self.norm": "self_attn_layer_norm",
-                          "cross_attn": "encoder_attn", "res_cross.norm": "encoder_attn_layer_norm", "ffn.w1": "fc1",
-                          "ffn.w2": "fc2", "res_ffn.norm": "final_layer_norm"}}
-    for stack, n in (("encoder", cfg.n_encoder_layers), ("decoder", cfg.n_decoder_layers)):
-        for i in range(n):
-            for ours, theirs in blocks[stack].items():
-                subs = ([("q_proj", "q_proj"), ("k_proj", "k_proj"), ("v_proj", "v_proj"), ("o_proj", "out_proj")]
-                        if ours.endswith("attn") else [("", "")])
-                for o, t in subs:
-                    for p in ("weight", "bias"):
-                        a = ".".join(x for x in (f"{stack}.{i}.{ours}", o, p) if x)
-                        names[a] = [".".join(x for x in (f"{stack}.layers.{i}.{theirs}", t, p) if x)]
-    return names
-
-
-IGNORED = ("encoder.embed_positions.weight", "decoder.embed_positions.weight")  # sinusoid tables are computed
-
-
-def map_weights(hf_dir: Path, cfg: ModelConfig, tensors: dict[str, torch.Tensor]) -> Transformer:
-    """Our Transformer with the Hugging Face weights (every tensor used exactly once, shapes checked)."""
-    model = Transformer(cfg).eval()
-    where = hf_dir / HF_WEIGHTS
-    expected = model.state_dict()
-    state, used = {}, set()
-    for ours, candidates in _hf_names(cfg).items():
-        present = [c for c in candidates if c in tensors]
-        if not present:
-            if ours == "final_logits_bias":  # HF creates it as zeros when a checkpoint lacks it
-                state[ours] = torch.zeros(cfg.vocab_size)
-                continue
-            raise ImportRefused(f"{where}: tensor {'model.' + candidates[0]!r} is missing")
-        value = tensors[present[0]].reshape(expected[ours].shape) if ours == "final_logits_bias" else \
-            tensors[present[0]]
-        for alias in present[1:]:  # a tied copy that save_pretrained kept must hold the same numbers
-            if not torch.equal(tensors[alias], value):
-                raise ImportRefused(f"{where}: {alias} differs from {present[0]}, but {HF_CONFIG} ties them")
-        if tuple(value.shape) != tuple(expected[ours].shape):
-            raise ImportRefused(f"{where}: {present[0]} has shape {tuple(value.shape)}, the config implies "
-                                f"{tuple(expected[ours].shape)}")
-        state[ours] = value
-        used.update(present)
-    left = sorted(k for k in set(tensors) - used if k not in IGNORED or cfg.positions == "learned")
-    if left:
-        raise ImportRefused(f"{where}: tensor(s) {left[:5]} have no place in a {cfg.positions}-position "
-                            f"seqserve model (an architecture option it cannot honour)")
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    if set(missing) - ck.tied_names(model) or unexpected:
-        raise ImportRefused(f"{where}: missing {sorted(set(missing) - ck.tied_names(model))}, unexpected "
-                            f"{sorted(unexpected)}")
-    return model
-
-
 def _tokenizer(hf_dir: Path):
     """(one `tokenizers` Tokenizer equal to the model's own (model/hf_tokenizer.py), the id of its unknown token,
     the model's languages or None)."""
@@ -318,14 +258,24 @@ def import_model(hf_dir: str | Path, out: str | Path, progress: bool = True) -> 
         generation = load_generation(hf_dir)
     except GenerationConfigError as exc:
         raise ImportRefused(str(exc)) from None
+    prefixes = task_prefixes(hf_dir / HF_CONFIG, config)
     tokenizer, unk_id, languages = _tokenizer(hf_dir)
-    cfg = model_config(hf_dir, model_type, config, unk_id, generation)
+    t5 = FAMILIES[model_type].layout == "t5"
+    if t5:
+        held = {entry.name.removeprefix("model.") for entries in headers.values() for entry in entries}
+        cfg = hf_t5.model_config(hf_dir / HF_CONFIG, model_type, config, unk_id, generation, held, ImportRefused)
+    else:
+        cfg = model_config(hf_dir, model_type, config, unk_id, generation)
     if tokenizer.get_vocab_size() > cfg.vocab_size:
         raise ImportRefused(f"{hf_dir}: the tokenizer has {tokenizer.get_vocab_size()} tokens, more than "
                             f"vocab_size={cfg.vocab_size} ({HF_CONFIG})")
     _check_languages(hf_dir, cfg, languages)
-    check_size(hf_dir, cfg, headers)
-    model = map_weights(hf_dir, cfg, read_weights(headers, ImportRefused, progress))
+    if t5:
+        hf_t5.check_size(hf_dir / HF_CONFIG, cfg, headers, ImportRefused)
+    else:
+        check_size(hf_dir, cfg, headers)
+    names = hf_t5.hf_names(cfg) if t5 else bart_names(cfg)
+    model = map_weights(hf_dir, cfg, read_weights(headers, ImportRefused, progress), names, "" if t5 else "model.")
     out.mkdir(parents=True, exist_ok=True)
     cfg.save(out / ck.CONFIG)
     ck.save_weights(model, out / ck.WEIGHTS)
@@ -335,5 +285,6 @@ def import_model(hf_dir: str | Path, out: str | Path, progress: bool = True) -> 
     for name, text in notices.items():
         (out / name).write_bytes(text)
     ck.write_json_atomic(out / ck.METRICS, {"imported_from": {"model_type": model_type, "directory": str(hf_dir),
-                                                               "weights": [f.name for f in files]}})
+                                                               "weights": [f.name for f in files],
+                                                               "task_prefixes": prefixes}})
     return cfg

@@ -27,7 +27,8 @@ from seqserve.model.hf_tokenizer_files import (
 )
 
 MARIAN, BART, M2M100, MBART = "marian", "bart", "m2m_100", "mbart"
-FAMILIES = (MARIAN, BART, M2M100, MBART)
+T5_TYPES = ("t5", "mt5")  # a Unigram that transformers 5 runs on `tokenizers` (T5Tokenizer), appending </s>
+FAMILIES = (MARIAN, BART, M2M100, MBART, *T5_TYPES)
 # tokenizer_config.json's tokenizer_class of the multilingual tokenizers that transformers 5 runs on `tokenizers`
 # (their module's FAIRSEQ_LANGUAGE_CODES, and where the source language token goes)
 BACKEND_MULTILINGUAL = {"NllbTokenizer": ("nllb", "tokenization_nllb"),
@@ -57,6 +58,8 @@ def convert_multilingual(hf_dir: str | Path) -> tuple[Tokenizer, Languages | Non
         return marian_tokenizer(hf_dir), None
     if family == BART or (family == MBART and (hf_dir / "merges.txt").is_file()):  # mBART's architecture, BART's BPE
         return bart_tokenizer(hf_dir), None
+    if family in T5_TYPES:
+        return t5_tokenizer(hf_dir), None
     if family in (M2M100, MBART):
         settings = path_of(hf_dir, TOKENIZER_CONFIG)
         name = (read_json(hf_dir, TOKENIZER_CONFIG).get("tokenizer_class") or "").removesuffix("Fast")
@@ -216,6 +219,17 @@ def bart_tokenizer(hf_dir: Path) -> Tokenizer:
     for name in ("vocab.json", "merges.txt"):
         if not path_of(hf_dir, name).is_file() and not path_of(hf_dir, "tokenizer.json").is_file():
             raise TokenizerImportError(f"{hf_dir / name}: missing (and no tokenizer.json)")
+    _, tok = _backend(hf_dir)
+    tok.no_padding()
+    tok.no_truncation()
+    return tok
+
+
+def t5_tokenizer(hf_dir: Path) -> Tokenizer:
+    """T5Tokenizer (spiece.model or tokenizer.json, Unigram) is a `tokenizers` tokenizer in transformers 5: its
+    backend, the post-processor that appends </s> included, is the tokenizer."""
+    if not path_of(hf_dir, "tokenizer.json").is_file() and not path_of(hf_dir, "spiece.model").is_file():
+        raise TokenizerImportError(f"{hf_dir / 'spiece.model'}: missing (and no tokenizer.json)")
     _, tok = _backend(hf_dir)
     tok.no_padding()
     tok.no_truncation()

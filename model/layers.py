@@ -1,40 +1,56 @@
 """Encoder and decoder layers: attention + position-wise FFN, each wrapped in residual + LayerNorm (3.1, 3.3)."""
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 
 from seqserve.model.attention import MultiHeadAttention
-from seqserve.model.config import LN_EPSILON, ModelConfig
+from seqserve.model.config import ModelConfig
+from seqserve.model.norm import make_norm
 
 KV = tuple[torch.Tensor, torch.Tensor]  # keys, values: (B, H, S, Dh) each
 
 
-ACTIVATION = {"relu": nn.ReLU, "gelu": nn.GELU, "silu": nn.SiLU}  # GELU: the exact erf form, as HF's "gelu"
+class TanhGELU(nn.Module):
+    """GELU's tanh approximation written as transformers' gelu_new (NewGELUActivation) computes it."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
+
+
+# GELU: the exact erf form, as HF's "gelu"
+ACTIVATION = {"relu": nn.ReLU, "gelu": nn.GELU, "silu": nn.SiLU, "gelu_tanh": TanhGELU}
 
 
 class FeedForward(nn.Module):
-    """FFN(x) = act(x W1 + b1) W2 + b2, act = ReLU in the paper (3.3)."""
+    """FFN(x) = act(x W1 + b1) W2 + b2, act = ReLU in the paper (3.3); gated: (act(x W1) * x W3) W2 (T5 v1.1)."""
 
-    def __init__(self, d_model: int, d_ff: int, dropout: float, activation: str = "relu") -> None:
+    def __init__(self, d_model: int, d_ff: int, dropout: float, activation: str = "relu", bias: bool = True,
+                 gated: bool = False) -> None:
         super().__init__()
-        self.w1 = nn.Linear(d_model, d_ff)
-        self.w2 = nn.Linear(d_ff, d_model)
+        self.w1 = nn.Linear(d_model, d_ff, bias=bias)
+        self.w2 = nn.Linear(d_ff, d_model, bias=bias)
+        self.w3 = nn.Linear(d_model, d_ff, bias=bias) if gated else None  # the gate's linear branch
         self.act = ACTIVATION[activation]()
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w2(self.dropout(self.act(self.w1(x))))  # (B, T, D)
+        h = self.act(self.w1(x))  # (B, T, F)
+        if self.w3 is not None:
+            h = h * self.w3(x)
+        return self.w2(self.dropout(h))  # (B, T, D)
 
 
 class Residual(nn.Module):
     """LayerNorm(x + Dropout(Sublayer(x))) post-LN (5.4), or x + Dropout(Sublayer(LayerNorm(x))) pre-LN."""
 
-    def __init__(self, d_model: int, dropout: float, norm_first: bool) -> None:
+    def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.norm = nn.LayerNorm(d_model, eps=LN_EPSILON)
-        self.dropout = nn.Dropout(dropout)
-        self.norm_first = norm_first
+        self.norm = make_norm(cfg)
+        self.dropout = nn.Dropout(cfg.dropout)
+        self.norm_first = cfg.norm_first
 
     def forward(self, x: torch.Tensor, sublayer) -> torch.Tensor:
         if self.norm_first:
@@ -42,16 +58,20 @@ class Residual(nn.Module):
         return self.norm(x + self.dropout(sublayer(x)))
 
 
+def _attention(cfg: ModelConfig) -> MultiHeadAttention:
+    return MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.dropout, cfg.head_dim, cfg.bias, cfg.scale_attention)
+
+
 class EncoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.dropout)
-        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.dropout, cfg.activation)
-        self.res_attn = Residual(cfg.d_model, cfg.dropout, cfg.norm_first)
-        self.res_ffn = Residual(cfg.d_model, cfg.dropout, cfg.norm_first)
+        self.self_attn = _attention(cfg)
+        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.dropout, cfg.activation, cfg.bias, cfg.gated_ffn)
+        self.res_attn = Residual(cfg)
+        self.res_ffn = Residual(cfg)
 
     def forward(self, x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-        # x: (B, S, D); bias: (B, 1, 1, S) source padding
+        # x: (B, S, D); bias: (B, 1, 1, S) source padding, or (B, H, S, S) with relative positions
         x = self.res_attn(x, lambda h: self.self_attn(h, *self.self_attn.project_kv(h), bias))
         return self.res_ffn(x, self.ffn)  # (B, S, D)
 
@@ -59,12 +79,12 @@ class EncoderLayer(nn.Module):
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.dropout)
-        self.cross_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.dropout)
-        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.dropout, cfg.activation)
-        self.res_self = Residual(cfg.d_model, cfg.dropout, cfg.norm_first)
-        self.res_cross = Residual(cfg.d_model, cfg.dropout, cfg.norm_first)
-        self.res_ffn = Residual(cfg.d_model, cfg.dropout, cfg.norm_first)
+        self.self_attn = _attention(cfg)
+        self.cross_attn = _attention(cfg)
+        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.dropout, cfg.activation, cfg.bias, cfg.gated_ffn)
+        self.res_self = Residual(cfg)
+        self.res_cross = Residual(cfg)
+        self.res_ffn = Residual(cfg)
 
     def forward(
         self, x: torch.Tensor, self_bias: torch.Tensor, past: KV | None, cross: KV, cross_bias: torch.Tensor

@@ -44,7 +44,9 @@ class PositionalEncoding(nn.Module):
     def __init__(self, max_positions: int, d_model: int, kind: str = "sinusoidal", offset: int = 0,
                  scale: bool = True) -> None:
         super().__init__()
-        if kind == "learned":
+        if kind == "relative":  # no position vectors (T5: a bias on the attention scores instead)
+            self.register_buffer("table", torch.zeros(0, d_model), persistent=False)
+        elif kind == "learned":
             self.table = nn.Parameter(torch.zeros(max_positions + offset, d_model))  # (P + offset, D)
         elif kind == "sinusoidal_fairseq":  # position 0 is row `offset` (M2M100: padding_idx + 1)
             self.register_buffer("table", fairseq_sinusoid_table(max_positions + offset, d_model), persistent=False)
@@ -60,4 +62,6 @@ class PositionalEncoding(nn.Module):
 
     def forward(self, embedded: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         # embedded: (B, T, D) token embeddings; positions: (B, T) int64 absolute positions
+        if not len(self.table):
+            return embedded * self.scale  # (B, T, D)
         return embedded * self.scale + self.table[positions + self.offset]  # (B, T, D)

@@ -12,7 +12,9 @@ from torch import nn
 from seqserve.model.attention import causal_bias, padding_bias
 from seqserve.model.config import LN_EPSILON, ModelConfig
 from seqserve.model.layers import KV, DecoderLayer, EncoderLayer
+from seqserve.model.norm import make_norm
 from seqserve.model.positional import PositionalEncoding
+from seqserve.model.relative_position import RelativePositionBias
 
 
 class Transformer(nn.Module):
@@ -27,11 +29,14 @@ class Transformer(nn.Module):
         self.src_embed_norm = self._norm(cfg.embed_norm)  # BART: LayerNorm(embedding + position)
         self.tgt_embed_norm = self._norm(cfg.embed_norm)
         self.dropout = nn.Dropout(cfg.dropout)
+        # T5: one relative position bias per stack, shared by its layers (bidirectional / unidirectional)
+        self.enc_relative = self._relative(True)
+        self.dec_relative = self._relative(False)
         self.encoder = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.n_encoder_layers))
         self.decoder = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.n_decoder_layers))
         # Pre-LN leaves the residual stream unnormalised, so it needs a final LayerNorm on each stack.
-        self.enc_norm = self._norm(cfg.norm_first)
-        self.dec_norm = self._norm(cfg.norm_first)
+        self.enc_norm = make_norm(cfg) if cfg.norm_first else nn.Identity()
+        self.dec_norm = make_norm(cfg) if cfg.norm_first else nn.Identity()
         self.out_proj = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.final_logits_bias:  # a buffer, as in HF: saved with the weights, never trained
             self.register_buffer("final_logits_bias", torch.zeros(cfg.vocab_size))  # (V,)
@@ -45,6 +50,13 @@ class Transformer(nn.Module):
         cfg = self.cfg
         return PositionalEncoding(cfg.max_positions, cfg.d_model, cfg.positions, cfg.position_offset,
                                   cfg.scale_embeddings)
+
+    def _relative(self, bidirectional: bool) -> RelativePositionBias | None:
+        cfg = self.cfg
+        if cfg.positions != "relative":
+            return None
+        return RelativePositionBias(cfg.n_heads, cfg.relative_buckets, cfg.relative_max_distance, bidirectional,
+                                    cfg.max_positions)
 
     def _norm(self, wanted: bool) -> nn.Module:
         return nn.LayerNorm(self.cfg.d_model, eps=LN_EPSILON) if wanted else nn.Identity()
@@ -63,6 +75,8 @@ class Transformer(nn.Module):
         positions = torch.arange(s, device=src_ids.device).expand(b, s)  # (B, S)
         x = self.dropout(self.src_embed_norm(self.positions(self.src_embed(src_ids), positions)))  # (B, S, D)
         bias = padding_bias(src_mask)  # (B, 1, 1, S)
+        if self.enc_relative is not None:
+            bias = bias + self.enc_relative(positions, positions)  # (B, H, S, S)
         for layer in self.encoder:
             x = layer(x, bias)
         return self.enc_norm(x)
@@ -93,12 +107,18 @@ class Transformer(nn.Module):
         self_bias = padding_bias(self_mask)  # (B, 1, 1, P+T)
         if causal:
             self_bias = self_bias + causal_bias(t, self_mask.shape[1], tgt_ids.device)  # (B, 1, T, P+T)
+        if self.dec_relative is not None:  # a key's position: how many real keys precede it (past slots may be holes)
+            key_positions = torch.cumsum(self_mask.to(torch.int64), dim=1) - 1  # (B, P+T)
+            self_bias = self_bias + self.dec_relative(positions, key_positions)  # (B, H, T, P+T)
         cross_bias = padding_bias(src_mask)  # (B, 1, 1, S)
         present: list[KV] = []
         for i, layer in enumerate(self.decoder):
             x, kv = layer(x, self_bias, None if past is None else past[i], cross[i], cross_bias)
             present.append(kv)
-        logits = self.out_proj(self.dec_norm(x))  # (B, T, V)
+        x = self.dec_norm(x)
+        if self.cfg.scale_output:  # T5 v1.0's tied output: d_model^-0.5 before the shared embedding
+            x = x * (self.cfg.d_model ** -0.5)
+        logits = self.out_proj(x)  # (B, T, V)
         if self.final_logits_bias is not None:
             logits = logits + self.final_logits_bias
         return logits, present

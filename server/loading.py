@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from seqserve.contract.integrity import check_graphs, open_bundle
 from seqserve.contract.manifest import Manifest
+from seqserve.contract.quality import below_bar
 from seqserve.engine.api import EngineClient
 from seqserve.engine.build import EngineConfig
 from seqserve.engine.device import RuntimeConfig
@@ -14,7 +15,7 @@ from seqserve.engine.scheduler import SchedulerConfig
 from seqserve.server.engine_client import start_engine
 from seqserve.server.engine_watch import Silence
 from seqserve.server.front_ends import Role, attach_engine
-from seqserve.server.model_defaults import info_entries, model_limits
+from seqserve.server.model_defaults import info_entries, model_limits, task_entries
 from seqserve.server.outbox import Outbox
 from seqserve.server.repository import Source, memory_bytes
 from seqserve.server.settings import Limits, Settings, SettingsError, env_name
@@ -47,6 +48,10 @@ def load_model(s: Settings, source: Source, threads: int, used: int, role: Role 
     manifest, tokenizer = open_bundle(bundle)
     if s.variant in manifest.variants:  # probed on CPU too: an out-of-range gather may pass silently on a GPU
         check_graphs(bundle, manifest, s.variant)
+        why = below_bar(manifest.variants[s.variant].get("quality", {}))
+        if why:  # measured by `seqserve export`: serving it would answer with other tokens, or infinities
+            raise ModelError(f"model {source.name!r} refused: variant {s.variant} {why} ({bundle}/manifest.json); "
+                             "serve another variant")
     limits = model_limits(s, manifest)
     memory = memory_bytes(bundle, manifest, s) if s.variant in manifest.variants else 0
     if s.memory_budget_bytes and used + memory > s.memory_budget_bytes:
@@ -69,7 +74,7 @@ def load_model(s: Settings, source: Source, threads: int, used: int, role: Role 
 
 def model_info(engine: EngineClient, manifest: Manifest) -> dict:
     """GetModelInfo's facts of a loaded model (service.py types them): the engine's, and the model's generation
-    defaults as config entries."""
+    defaults and task prefixes as config entries."""
     info = dict(engine.info.model_info)
-    info["config"] = dict(info["config"]) | info_entries(manifest.generation)
+    info["config"] = dict(info["config"]) | info_entries(manifest.generation) | task_entries(manifest.training)
     return info

@@ -40,3 +40,13 @@ def model_limits(settings, manifest) -> Limits:
     """The request limits of a model (its manifest) under these settings: SettingsError for a cap beyond the model's."""
     return settings.limits(int(manifest.model["max_positions"]), int(manifest.max_new_tokens),
                            default_max_new_tokens(manifest.generation))
+
+
+def task_entries(training: dict) -> dict:
+    """GetModelInfo's config entries for an imported model's task prefixes (config.json's task_specific_params),
+    named task.<name>.prefix: the text a client puts before its input for that task."""
+    imported = training.get("imported_from")
+    prefixes = imported.get("task_prefixes") if isinstance(imported, dict) else None
+    if not isinstance(prefixes, dict):  # the manifest's training section is free-form: show only what is well typed
+        return {}
+    return {f"task.{name}.prefix": prefix for name, prefix in sorted(prefixes.items()) if isinstance(prefix, str)}

@@ -130,3 +130,10 @@ def test_the_client_snippet_ends_its_stream_with_a_newline(served):
         best = client.generate("<en> 2024-03-05", num_beams=4, num_return_sequences=4, return_logprobs=True)
     lines = done.stdout.splitlines()
     assert lines[1] == streamed and lines[2].startswith(best.sequences[0].text + " ") and len(lines) == 6
+
+
+def test_the_readme_lists_the_families_seqserve_import_reads():
+    """README's family list is the import's own table (model/hf_families.py), as `seqserve import --help` prints it."""
+    from seqserve.model.hf_families import described
+
+    assert f"by `model_type`: {described()}." in " ".join(README.split())

@@ -59,8 +59,8 @@ def test_an_imported_marian_checkpoint_has_the_familys_options(copy, tmp_path):
 
 
 @pytest.mark.parametrize("edit, message", [
-    (lambda hf: _edit(hf / "config.json", model_type="t5"),
-     "config.json: model_type 't5' is not supported; supported: marian, bart, mbart, m2m_100"),
+    (lambda hf: _edit(hf / "config.json", model_type="pegasus"),
+     "config.json: model_type 'pegasus' is not supported; supported: marian, bart, mbart, m2m_100, t5, mt5"),
     (lambda hf: (hf / "config.json").unlink(), "config.json: missing"),
     (lambda hf: (hf / "model.safetensors").unlink(), "model.safetensors: missing"),
     (lambda hf: (hf / "model.safetensors").rename(hf / "pytorch_model.bin"),

@@ -301,23 +301,31 @@ def hostile(edit):
     return prepare
 
 
-@pytest.fixture(scope="module")
-def imports(marian_dir, tmp_path_factory) -> Imports:
-    """Every directory of this file prepared, then imported in one child: healthy, the hostile cases, PREPARED."""
-    cases = {HEALTHY: Case(marian_dir, tmp_path_factory.mktemp(HEALTHY) / "ck", {})}
-    for name, prepare in {**{case: hostile(edit) for case, (edit, _) in CASES.items()}, **PREPARED}.items():
-        hf, out = prepare(marian_dir, tmp_path_factory.mktemp(name))
-        cases[name] = Case(hf, out, snapshot(hf))
-    runs = run_batch({name: import_argv(case.hf, case.out) for name, case in cases.items()},
+def import_all(source: Path, cases: dict, prepared: dict, tmp_path_factory) -> Imports:
+    """Every case prepared from source, then imported in one child: healthy, the hostile cases, the prepared ones."""
+    found = {HEALTHY: Case(source, tmp_path_factory.mktemp(HEALTHY) / "ck", {})}
+    for name, prepare in {**{case: hostile(edit) for case, (edit, _) in cases.items()}, **prepared}.items():
+        hf, out = prepare(source, tmp_path_factory.mktemp(name))
+        found[name] = Case(hf, out, snapshot(hf))
+    runs = run_batch({name: import_argv(case.hf, case.out) for name, case in found.items()},
                      tmp_path_factory.mktemp("batch"))
     healthy = runs[HEALTHY]
     assert healthy.code == 0 and healthy.traceback is None, (healthy.traceback, healthy.stderr)
-    return Imports(cases, runs)
+    return Imports(found, runs)
+
+
+@pytest.fixture(scope="module")
+def imports(marian_dir, tmp_path_factory) -> Imports:
+    return import_all(marian_dir, CASES, PREPARED, tmp_path_factory)
 
 
 @pytest.mark.parametrize("case", CASES)
 def test_a_hostile_directory_is_refused_naming_the_file_and_field(case, imports):
-    message = CASES[case][1]
+    assert_refused(imports, case, CASES[case][1])
+
+
+def assert_refused(imports: Imports, case: str, message: str) -> None:
+    """Exit 2, one error line naming the file and the field, nothing written, within the healthy import's RSS."""
     hf, out, before = imports.cases[case].hf, imports.cases[case].out, imports.cases[case].before
     run = imports.runs[case]
     assert run.traceback is None, run.traceback

@@ -43,7 +43,7 @@ def test_rows_joining_and_leaving_equal_each_row_alone(tiny_bundle, kv_cache):
     encoder = cpu_session(tiny_bundle / names.ENCODER_FILE)
     decoder = cpu_session(tiny_bundle / names.DECODER_FILE)
     rng = np.random.default_rng(5)
-    shape = dict(heads=cfg["n_heads"], head_dim=cfg["d_model"] // cfg["n_heads"], layers=cfg["n_decoder_layers"],
+    shape = dict(heads=cfg["n_heads"], head_dim=names.head_dim(cfg), layers=cfg["n_decoder_layers"],
                  bos=special["bos_id"])
     rows = {name: Alone(encoder, decoder, [int(x) for x in rng.integers(4, cfg["vocab_size"], n)] + [special["eos_id"]],
                         **shape) for name, n in (("a", 9), ("b", 2), ("c", 14), ("d", 0), ("e", 20))}
