@@ -80,6 +80,9 @@ class Beams:
                     self._logprob, self._tops, self._n_finished, self._worst)
         self.nbest = NBest(eos_id)  # each request's finished hypotheses
         self._n_top = 0  # running requests that ask for top_logprobs (their rows cost a loop each)
+        # (R, V) float32 and float64 scratch, grown to the most beam rows seen: a fresh (R, V) array per step cost
+        # more in page faults than the copy itself
+        self._scratch = (np.empty((0, 0), np.float32), np.empty((0, 0), np.float64))
 
     def admit(self, requests: list[Request]) -> None:
         """Requests with n_rows > 1 that the runner has just admitted (their rows are placed): one live beam each."""
@@ -123,9 +126,10 @@ class Beams:
         """(idx (R, k) each beam's best ids, ascending; lp (R, k) their float64 log-probabilities; the top_logprobs
         alternatives by row index, the model's distribution before any rule) from the logits, after the token rules
         (on log-probabilities, as transformers' beam search applies its processors)."""
-        raw = logits[rows]  # (R, V) float32, a copy
+        narrow, wide = self._buffers(rows.size, logits.shape[1])
+        raw = np.take(logits, rows, axis=0, out=narrow, mode="clip")  # (R, V) float32, a copy (rows are in range)
         top = raw.max(axis=1, keepdims=True).astype(np.float64)  # (R, 1)
-        e = np.subtract(raw, top, dtype=np.float64)  # (R, V) x - max in float64, as sampling.log_softmax
+        e = np.subtract(raw, top, out=wide, dtype=np.float64)  # (R, V) x - max in float64, as sampling.log_softmax
         log_z = np.log(np.exp(e, out=e).sum(axis=1))  # (R,) the model's distribution, before the rules
         tops = {i: top_alternatives(_shifted(raw, top, i) - log_z[i], int(self._top_n[rows[i]]))
                 for i in np.flatnonzero(self._top_n[rows]).tolist()} if self._n_top else {}
@@ -138,6 +142,13 @@ class Beams:
         idx = _top_tokens(raw, top, k)  # (R, k) each beam's best, ascending
         lp = _shifted(raw, top, np.arange(rows.size)[:, None], idx) - log_z[:, None]  # (R, k)
         return idx, lp, tops
+
+    def _buffers(self, n: int, vocab: int) -> tuple[np.ndarray, np.ndarray]:
+        """(n, vocab) float32 and float64 views of the scratch arrays, which grow when n rows do not fit."""
+        narrow, wide = self._scratch
+        if narrow.shape[0] < n or narrow.shape[1] != vocab:
+            self._scratch = narrow, wide = np.empty((n, vocab), np.float32), np.empty((n, vocab), np.float64)
+        return narrow[:n], wide[:n]
 
     def advance(self, logits: np.ndarray | StepOutput) -> list[BeamResult]:
         """One step for every beam request: select, reorder the caches by index, append the chosen tokens.
