@@ -100,7 +100,8 @@ class Beams:
                acting: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The rows' log-probabilities (R, V) float64 after the token rules, as (raw, top, log_z) with top = log_z =
         0, so the selection below reads them unchanged."""
-        lp = np.subtract(raw, top, dtype=np.float64) - log_z[:, None]  # (R, V)
+        lp = np.subtract(raw, top, out=self._buffers(raw.shape[0], raw.shape[1])[1], dtype=np.float64)  # (R, V)
+        lp -= log_z[:, None]  # in the float64 scratch (log_z is computed already)
         self.rules.apply(lp, rows, acting=acting)
         return lp, np.zeros_like(top), np.zeros_like(log_z)
 

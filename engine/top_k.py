@@ -10,12 +10,12 @@ def best(values: np.ndarray, k: int) -> np.ndarray:
     above the k-th largest (a full sort of the vocabulary every step would cost more than the selection)."""
     if k <= 0:
         return np.zeros(0, np.int64)
-    if k < values.size:
-        kth = np.partition(values, values.size - k)[values.size - k]
-        candidates = np.flatnonzero(values >= kth)  # ascending: ties keep the lower index first in a stable sort
-    else:
-        candidates = np.arange(values.size)
-    return candidates[np.argsort(-values[candidates], kind="stable")][:k]
+    if k >= values.size:
+        return np.argsort(-values, kind="stable")[:k]
+    kth = np.partition(values, values.size - k)[values.size - k]
+    above = np.flatnonzero(values > kth)  # fewer than k, best first below; then the k-th value's lowest ids
+    tied = np.flatnonzero(values == kth)[: k - above.size]  # ascending (a step that bans all but one id ties V)
+    return np.concatenate([above[np.argsort(-values[above], kind="stable")], tied])
 
 
 def top_alternatives(logprobs: np.ndarray, n: int) -> tuple[tuple[int, float], ...]:
