@@ -270,7 +270,7 @@ def _top_tokens(raw: np.ndarray, top: np.ndarray, k: int) -> np.ndarray:
     best = _shifted(raw, top, np.arange(n)[:, None], idx)  # (R, k + 1)
     idx = idx[:, 1:]
     for i in np.flatnonzero(best[:, 1:].min(axis=1) <= best[:, 0]).tolist():
-        idx[i] = _best(_shifted(raw, top, i), k)
+        idx[i] = _best(_shifted(raw, top, i), k, kth=best[i, 1:].min())  # best[i, 1:]: its k best values
     idx.sort(axis=1)
     return idx
 
