@@ -11,8 +11,9 @@ its source) implements them; this is the same algorithm on numpy arrays, so the 
     beat the worst of them (HF's heuristic at the current length).
 Ties go to the lower (beam rank, token) index, sums are float64.
 
-One step for all beam requests at once: one log-softmax normaliser and one argpartition over the stacked (rows, V)
-live beams (a beam's own 2 x num_beams best tokens hold every candidate its request can keep), then one stable
+One step for all beam requests at once: one log-softmax normaliser over the stacked (rows, V) live beams and one
+search for each beam's own 2 x num_beams best tokens (they hold every candidate its request can keep) among the
+vocabulary groups with the largest maxima (top_k.candidates: no whole-vocabulary selection per row), then one stable
 lexsort of every candidate by request and cumulative log-probability. A new beam stays in its parent's row when it
 is the parent's first child; only a parent's further children are copied into rows whose beam had none, so the
 in-place KV cache copies a few rows' written columns per step instead of every row's buffers. Python loops run
@@ -34,10 +35,10 @@ from seqserve.engine.runner import Runner
 from seqserve.engine.step_output import StepOutput
 from seqserve.engine.token_rules import TokenRules
 from seqserve.engine.top_k import best as _best
+from seqserve.engine.top_k import candidates as _candidates
 from seqserve.engine.top_k import top_alternatives
 
 CANDIDATES_PER_BEAM = 2  # HF keeps 2 x num_beams candidates (one end token)
-BLOCK = 64  # _candidates: ids per group whose maximum ranks the group
 
 
 @dataclass(frozen=True)
@@ -273,23 +274,6 @@ def _top_tokens(raw: np.ndarray, top: np.ndarray, k: int) -> np.ndarray:
         idx[i] = _best(_shifted(raw, top, i), k, kth=best[i, 1:].min())  # best[i, 1:]: its k best values
     idx.sort(axis=1)
     return idx
-
-
-def _candidates(raw: np.ndarray, m: int) -> np.ndarray | None:
-    """(R, W) ids, W << V, among which lie each row's m largest values (as a multiset), or None for a vocabulary too
-    small to gain. Ids split into BLOCK-strided groups {j, j + G, j + 2G, ...} (G = V // BLOCK groups, a max over
-    whole rows of a (BLOCK, G) view): the m groups with the largest maxima hold every value above the m-th largest
-    and enough equal to it; the last V % BLOCK ids are always in. A whole-vocabulary argpartition per step cost more
-    than the int8 decoder step itself."""
-    n, vocab = raw.shape
-    groups = vocab // BLOCK
-    if groups < 4 * m:
-        return None
-    group_max = raw[:, : groups * BLOCK].reshape(n, BLOCK, groups).max(axis=1)  # (R, G)
-    chosen = np.argpartition(group_max, groups - m, axis=1)[:, groups - m :]  # (R, m) the m best groups
-    ids = (chosen[:, :, None] + groups * np.arange(BLOCK)).reshape(n, m * BLOCK)  # (R, m BLOCK)
-    tail = np.broadcast_to(np.arange(groups * BLOCK, vocab), (n, vocab - groups * BLOCK))  # (R, V % BLOCK)
-    return np.concatenate([ids, tail], axis=1)
 
 
 def _shifted(raw: np.ndarray, top: np.ndarray, i, j=slice(None)) -> np.ndarray:
