@@ -11,8 +11,9 @@ its source) implements them; this is the same algorithm on numpy arrays, so the 
     beat the worst of them (HF's heuristic at the current length).
 Ties go to the lower (beam rank, token) index, sums are float64.
 
-One step for all beam requests at once: one log-softmax normaliser and one argpartition over the stacked (rows, V)
-live beams (a beam's own 2 x num_beams best tokens hold every candidate its request can keep), then one stable
+One step for all beam requests at once: one log-softmax normaliser over the stacked (rows, V) live beams and one
+search for each beam's own 2 x num_beams best tokens (they hold every candidate its request can keep) among the
+vocabulary groups with the largest maxima (top_k.candidates: no whole-vocabulary selection per row), then one stable
 lexsort of every candidate by request and cumulative log-probability. A new beam stays in its parent's row when it
 is the parent's first child; only a parent's further children are copied into rows whose beam had none, so the
 in-place KV cache copies a few rows' written columns per step instead of every row's buffers. Python loops run
@@ -34,6 +35,7 @@ from seqserve.engine.runner import Runner
 from seqserve.engine.step_output import StepOutput
 from seqserve.engine.token_rules import TokenRules
 from seqserve.engine.top_k import best as _best
+from seqserve.engine.top_k import candidates as _candidates
 from seqserve.engine.top_k import top_alternatives
 
 CANDIDATES_PER_BEAM = 2  # HF keeps 2 x num_beams candidates (one end token)
@@ -79,6 +81,9 @@ class Beams:
                     self._logprob, self._tops, self._n_finished, self._worst)
         self.nbest = NBest(eos_id)  # each request's finished hypotheses
         self._n_top = 0  # running requests that ask for top_logprobs (their rows cost a loop each)
+        # (R, V) float32 and float64 scratch, grown to the most beam rows seen: a fresh (R, V) array per step cost
+        # more in page faults than the copy itself
+        self._scratch = (np.empty((0, 0), np.float32), np.empty((0, 0), np.float64))
 
     def admit(self, requests: list[Request]) -> None:
         """Requests with n_rows > 1 that the runner has just admitted (their rows are placed): one live beam each."""
@@ -96,7 +101,8 @@ class Beams:
                acting: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The rows' log-probabilities (R, V) float64 after the token rules, as (raw, top, log_z) with top = log_z =
         0, so the selection below reads them unchanged."""
-        lp = np.subtract(raw, top, dtype=np.float64) - log_z[:, None]  # (R, V)
+        lp = np.subtract(raw, top, out=self._buffers(raw.shape[0], raw.shape[1])[1], dtype=np.float64)  # (R, V)
+        lp -= log_z[:, None]  # in the float64 scratch (log_z is computed already)
         self.rules.apply(lp, rows, acting=acting)
         return lp, np.zeros_like(top), np.zeros_like(log_z)
 
@@ -122,9 +128,10 @@ class Beams:
         """(idx (R, k) each beam's best ids, ascending; lp (R, k) their float64 log-probabilities; the top_logprobs
         alternatives by row index, the model's distribution before any rule) from the logits, after the token rules
         (on log-probabilities, as transformers' beam search applies its processors)."""
-        raw = logits[rows]  # (R, V) float32, a copy
+        narrow, wide = self._buffers(rows.size, logits.shape[1])
+        raw = np.take(logits, rows, axis=0, out=narrow, mode="clip")  # (R, V) float32, a copy (rows are in range)
         top = raw.max(axis=1, keepdims=True).astype(np.float64)  # (R, 1)
-        e = np.subtract(raw, top, dtype=np.float64)  # (R, V) x - max in float64, as sampling.log_softmax
+        e = np.subtract(raw, top, out=wide, dtype=np.float64)  # (R, V) x - max in float64, as sampling.log_softmax
         log_z = np.log(np.exp(e, out=e).sum(axis=1))  # (R,) the model's distribution, before the rules
         tops = {i: top_alternatives(_shifted(raw, top, i) - log_z[i], int(self._top_n[rows[i]]))
                 for i in np.flatnonzero(self._top_n[rows]).tolist()} if self._n_top else {}
@@ -137,6 +144,13 @@ class Beams:
         idx = _top_tokens(raw, top, k)  # (R, k) each beam's best, ascending
         lp = _shifted(raw, top, np.arange(rows.size)[:, None], idx) - log_z[:, None]  # (R, k)
         return idx, lp, tops
+
+    def _buffers(self, n: int, vocab: int) -> tuple[np.ndarray, np.ndarray]:
+        """(n, vocab) float32 and float64 views of the scratch arrays, which grow when n rows do not fit."""
+        narrow, wide = self._scratch
+        if narrow.shape[0] < n or narrow.shape[1] != vocab:
+            self._scratch = narrow, wide = np.empty((n, vocab), np.float32), np.empty((n, vocab), np.float64)
+        return narrow[:n], wide[:n]
 
     def advance(self, logits: np.ndarray | StepOutput) -> list[BeamResult]:
         """One step for every beam request: select, reorder the caches by index, append the chosen tokens.
@@ -243,16 +257,21 @@ def _from_top(out: StepOutput, rows: np.ndarray, k: int) -> tuple[np.ndarray, np
 
 def _top_tokens(raw: np.ndarray, top: np.ndarray, k: int) -> np.ndarray:
     """(R, V) float32 -> (R, k) each row's k largest x = raw - top (its float64 log-probabilities up to a constant),
-    ties to the lower id, as ascending ids. raw orders a row as x does, or ties where x does not, so one argpartition
-    of raw for all rows finds the k + 1 best; a row whose k-th and (k + 1)-th x tie is resolved exactly alone."""
+    ties to the lower id, as ascending ids. raw orders a row as x does, or ties where x does not, so the k + 1 best of
+    raw are found for all rows at once; a row whose k-th and (k + 1)-th x tie is resolved exactly alone."""
     n, vocab = raw.shape
     if k >= vocab:
         return np.broadcast_to(np.arange(vocab), raw.shape).copy()
-    idx = np.argpartition(raw, vocab - k - 1, axis=1)[:, vocab - k - 1 :]  # (R, k + 1); [:, 0] is the (k + 1)-th
+    idx = _candidates(raw, k + 1)  # (R, W) ids holding every row's k + 1 best values
+    if idx is None:
+        idx = np.argpartition(raw, vocab - k - 1, axis=1)[:, vocab - k - 1 :]  # (R, k + 1)
+    else:
+        part = np.argpartition(np.take_along_axis(raw, idx, 1), idx.shape[1] - k - 1, axis=1)
+        idx = np.take_along_axis(idx, part[:, idx.shape[1] - k - 1 :], 1)  # (R, k + 1); [:, 0] is the (k + 1)-th
     best = _shifted(raw, top, np.arange(n)[:, None], idx)  # (R, k + 1)
     idx = idx[:, 1:]
     for i in np.flatnonzero(best[:, 1:].min(axis=1) <= best[:, 0]).tolist():
-        idx[i] = _best(_shifted(raw, top, i), k)
+        idx[i] = _best(_shifted(raw, top, i), k, kth=best[i, 1:].min())  # best[i, 1:]: its k best values
     idx.sort(axis=1)
     return idx
 

@@ -23,4 +23,8 @@ class Renormalize:
         return np.full(len(rows), rows.logprobs)
 
     def apply(self, scores: np.ndarray, rows: Rows, on: np.ndarray) -> None:
-        scores[on] = log_softmax(scores[on])
+        if on.all() and scores.dtype == np.float64:  # the beam step's rows: in place, log_softmax's same operations
+            scores -= scores.max(axis=-1, keepdims=True)
+            scores -= np.log(np.exp(scores).sum(axis=-1, keepdims=True))
+        else:
+            scores[on] = log_softmax(scores[on])

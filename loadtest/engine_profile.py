@@ -1,7 +1,7 @@
 """Where the engine's time goes: Engine.generate over held-out inputs under cProfile, split by part of the engine.
 
     python -m seqserve.loadtest.engine_profile BUNDLE [-n 2000] [--batch-size 64] [--max-new-tokens 32] [--threads 1]
-        [--min-new-tokens 0] [--num-beams 1] [--variant fp32]
+        [--min-new-tokens 0] [--num-beams 1] [--variant fp32] [--cpu-time]
 
 Every function's own time is charged to the part its file belongs to; time inside onnxruntime's and numpy's compiled
 functions is charged by caller (the decoder step, the encoder, or whoever called numpy). 1 intra-op thread and no
@@ -18,8 +18,8 @@ from collections import defaultdict
 from seqserve.contract.names import KV_CACHES
 from seqserve.contract.tokenizer import load_tokenizer
 from seqserve.contract.tsv import heldout_pairs
-from seqserve.engine.device import RuntimeConfig
 from seqserve.engine.build import offline
+from seqserve.engine.device import RuntimeConfig
 from seqserve.engine.request import Request, SamplingParams
 from seqserve.engine.runner import Runner
 
@@ -70,8 +70,9 @@ def _part(where: str, compiled: str) -> str:
 
 
 def profile(bundle: str, n: int, batch_size: int, max_new: int, threads: int, kv_cache: str, min_new: int = 0,
-            num_beams: int = 1, variant: str = "fp32") -> dict:
-    """batch_size counts requests; a beam request holds num_beams rows (early_stopping as `seqserve bench`)."""
+            num_beams: int = 1, variant: str = "fp32", cpu_time: bool = False) -> dict:
+    """batch_size counts requests; a beam request holds num_beams rows (early_stopping as `seqserve bench`).
+    cpu_time: cProfile reads this process's CPU clock, so time other processes take from the cores is not charged."""
     rows = batch_size * num_beams
     runner = Runner(bundle, RuntimeConfig(device="cpu", intra_op_threads=threads, allow_spinning=False), variant,
                     capacity=rows, kv_cache=kv_cache)
@@ -85,7 +86,7 @@ def profile(bundle: str, n: int, batch_size: int, max_new: int, threads: int, kv
         return engine.generate([Request(s, params) for s in sources])
 
     run()  # warm-up: first-run allocations stay out of the profile
-    profiler = cProfile.Profile()
+    profiler = cProfile.Profile(time.process_time) if cpu_time else cProfile.Profile()
     start = time.perf_counter()
     profiler.enable()
     done = run()
@@ -124,10 +125,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--min-new-tokens", type=int, default=0, help="the end token is suppressed until this many tokens")
     p.add_argument("--num-beams", type=int, default=1, help="beam search of this width (--batch-size counts sources)")
     p.add_argument("--variant", default="fp32", help="the bundle's precision variant")
+    p.add_argument("--cpu-time", action="store_true",
+                   help="profile on this process's CPU clock (a shared machine's load then only slows the run)")
     args = p.parse_args(argv)
     result = profile(args.bundle, args.n, args.batch_size, args.max_new_tokens, args.threads, args.kv_cache,
-                     args.min_new_tokens, args.num_beams, args.variant)
-    print(f"{result['tokens']} tokens in {result['wall_s']:.2f} s under cProfile ({result['kv_cache']} KV cache)")
+                     args.min_new_tokens, args.num_beams, args.variant, args.cpu_time)
+    clock = "CPU" if args.cpu_time else "wall"
+    print(f"{result['tokens']} tokens in {result['wall_s']:.2f} s under cProfile ({result['kv_cache']} KV cache, "
+          f"{clock} clock)")
     for part, share in result["parts"].items():
         print(f"{share:7.1%}  {part}")
     print("per call, ms: " + ", ".join(f"{k} {v:.3f}" for k, v in result["per_step_ms"].items()))
