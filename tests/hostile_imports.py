@@ -29,7 +29,7 @@ def snapshot(directory: Path) -> dict[str, str]:
 
 
 def copy_of(source: Path, root: Path) -> Path:
-    """root/hf, a copy of the tiny Marian, beside an empty root/outside for the edits that move files out."""
+    """root/hf, a copy of the healthy directory, beside an empty root/outside for the edits that move files out."""
     shutil.copytree(source, root / "hf")
     (root / "outside").mkdir()
     return root / "hf"
