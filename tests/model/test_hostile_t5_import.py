@@ -8,7 +8,8 @@ from pathlib import Path
 
 import hf_t5
 import pytest
-from test_hostile_import import CASES, PREPARED, _torch, assert_refused, config, import_all, set_all, set_one, tensors
+from hostile_imports import assert_refused, import_all
+from test_hostile_import import CASES, PREPARED, _torch, config, set_all, set_one, tensors
 
 pytest.importorskip("transformers")
 
