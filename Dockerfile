@@ -43,7 +43,7 @@ CMD ["seqserve", "serve"]
 FROM runtime AS serve-gpu
 USER root
 # onnxruntime-gpu 1.31.1 is built for CUDA 13.x and cuDNN 9.x; its [cuda,cudnn] extras are exactly those runtime
-# libraries (nvidia-cuda-runtime~=13.0, nvidia-cudnn-cu13~=9.0, ...), which engine/device.py preloads. The host
+# libraries (nvidia-cuda-runtime~=13.0, nvidia-cudnn-cu13~=9.0, ...), which engine/runtime/device.py preloads. The host
 # needs only an NVIDIA driver for CUDA 13 and the NVIDIA Container Toolkit.
 RUN pip install "onnxruntime-gpu[cuda,cudnn]==1.31.1"
 USER seqserve

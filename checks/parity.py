@@ -18,8 +18,8 @@ from seqserve.checks.table import Check
 from seqserve.contract import names
 from seqserve.contract.manifest import load_manifest
 from seqserve.contract.tsv import heldout_pairs
-from seqserve.engine.device import RuntimeConfig
-from seqserve.engine.runner import Runner
+from seqserve.engine.runtime.device import RuntimeConfig
+from seqserve.engine.runtime.runner import Runner
 from seqserve.export import ort_io
 from seqserve.model.checkpoint import load_checkpoint
 from seqserve.model.config import ModelConfig

@@ -1,6 +1,6 @@
 """Each precision variant's quality on the bundle's held-out split, measured with the server's own pieces (no torch).
 
-Exact match: the engine's greedy outputs (engine/engine.py, the numpy onnxruntime loop) against the references.
+Exact match: the engine's greedy outputs (engine/step/engine.py, the numpy onnxruntime loop) against the references.
 Top-1 agreement: the fraction of teacher-forced decoder steps, forcing fp32's greedy tokens through the server's
 Runner, where the variant's argmax equals fp32's.
 """
@@ -20,10 +20,10 @@ from seqserve.contract.quality import MAX_EXACT_MATCH_DROP, below_bar
 from seqserve.contract.tokenizer import load_tokenizer
 from seqserve.contract.tsv import HELDOUT, heldout_pairs
 from seqserve.engine.build import offline
-from seqserve.engine.device import RuntimeConfig
 from seqserve.engine.request import FinishReason, Request, SamplingParams
-from seqserve.engine.runner import Runner
-from seqserve.engine.slots import Joining
+from seqserve.engine.runtime.device import RuntimeConfig
+from seqserve.engine.runtime.runner import Runner
+from seqserve.engine.runtime.slots import Joining
 from seqserve.export import variants as vr
 from seqserve.model.tokenizer_texts import real_strings
 

@@ -17,8 +17,8 @@ from seqserve.contract import names
 from seqserve.contract.manifest import MANIFEST, BundleError, Manifest, listed_files, load_manifest, sha256_of
 from seqserve.contract.quality import MAX_EXACT_MATCH_DROP, MIN_TOP1
 from seqserve.contract.verified import VERIFIED, is_verified  # noqa: F401 (is_verified: deploy/bundle.sh)
-from seqserve.engine.device import RuntimeConfig
-from seqserve.engine.runner import Runner
+from seqserve.engine.runtime.device import RuntimeConfig
+from seqserve.engine.runtime.runner import Runner
 from seqserve.export import ort_io
 
 

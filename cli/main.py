@@ -140,7 +140,7 @@ def _verify(args: argparse.Namespace) -> int:
     from seqserve.checks.verify import clear_marker, verify, write_marker
     from seqserve.contract.integrity import open_bundle
     from seqserve.contract.manifest import IntegrityError
-    from seqserve.engine.device import RuntimeConfig
+    from seqserve.engine.runtime.device import RuntimeConfig
 
     clear_marker(args.bundle)
     try:

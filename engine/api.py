@@ -1,7 +1,8 @@
 """The engine's narrow interface: what an edge sends it (EngineRequest), what comes back (StepReport), and the calls.
 
 Everything here is plain data by value, so the same interface serves an engine in the edge's own process (a thread:
-engine/core.py) and one in its own process (msgpack over ZeroMQ: engine/wire.py). An edge never reaches past it
+engine/step/core.py) and one in its own process (msgpack over ZeroMQ: engine/remote/wire.py). An edge never reaches past
+it
 into the scheduler, the runner or a Request.
 """
 from __future__ import annotations
@@ -11,10 +12,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-# The message an ERROR result carries; an edge's own failures answer with the same words.
-from seqserve.engine.finish import ERROR_MESSAGE as ERROR_MESSAGE
 from seqserve.engine.request import Output as Output  # one request's news from one step (engine/request.py)
 from seqserve.engine.request import SamplingParams
+
+# The message an ERROR result carries; an edge's own failures answer with the same words.
+from seqserve.engine.step.finish import ERROR_MESSAGE as ERROR_MESSAGE
 
 
 class QueueFull(Exception):

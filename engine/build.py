@@ -2,7 +2,7 @@
 offline (`offline`: an Engine over a runner the caller holds, which checks/ and loadtest/ run with Engine.generate).
 
 EngineConfig is everything the engine takes, by value: the edge makes it from its settings, and an engine process
-(server/engine_process.py) receives it whole.
+(engine/remote/engine_process.py) receives it whole.
 """
 from __future__ import annotations
 
@@ -13,12 +13,12 @@ import onnxruntime as ort
 
 from seqserve.contract.integrity import open_bundle
 from seqserve.engine.api import EngineInfo
-from seqserve.engine.core import EngineCore
-from seqserve.engine.device import RuntimeConfig
-from seqserve.engine.engine import Engine
 from seqserve.engine.request import Request, SamplingParams
-from seqserve.engine.runner import Runner
-from seqserve.engine.scheduler import Scheduler, SchedulerConfig
+from seqserve.engine.runtime.device import RuntimeConfig
+from seqserve.engine.runtime.runner import Runner
+from seqserve.engine.step.core import EngineCore
+from seqserve.engine.step.engine import Engine
+from seqserve.engine.step.scheduler import Scheduler, SchedulerConfig
 
 WARMUP_TEXT = "warm up"
 

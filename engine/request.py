@@ -2,7 +2,7 @@
 
 Status is an ordered enum: a request only moves forward (WAITING < RUNNING < FINISHED; whether a waiting request's
 source is already encoded is the scheduler's and the engine's business, not a status). Only the engine thread reads
-or writes a Request: what goes back leaves as Outputs in the step's report (engine/outputs.py is their one writer),
+or writes a Request: what goes back leaves as Outputs in the step's report (engine/step/outputs.py is their one writer),
 the last one carrying the request's Result by value; an offline caller reads the finished Request's result. A cancel
 is a message to the scheduler (Scheduler.abort), never a write to the Request.
 """
@@ -127,7 +127,7 @@ class Request:
     id: int = field(default_factory=lambda: next(_ids))
     arrival: float = field(default_factory=time.monotonic)
     status: RequestStatus = RequestStatus.WAITING
-    result: Result | None = None  # once FINISHED: what the final Output carried (engine/outputs.py sets it)
+    result: Result | None = None  # once FINISHED: what the final Output carried (engine/step/outputs.py sets it)
     scheduled_at: float | None = None  # admitted into the running batch
     first_token_at: float | None = None
 

@@ -3,7 +3,7 @@
 CTranslate2 sees our ids as token strings (the converter registered the tokenizer's tokens in id order) and batches
 by itself: translate_batch splits the inputs into batches of max_batch_size examples, a static batch each.
 
-Beam search is set to match ours (Hugging Face's rules with early_stopping=True, engine/beam.py) as closely as
+Beam search is set to match ours (Hugging Face's rules with early_stopping=True, engine/decoding/beam.py) as closely as
 CTranslate2 allows; read from CTranslate2's src/decoding.cc (BeamSearch::search, finalize_hypothesis_score):
   * score = cumulative log-probability / length ** length_penalty, as ours; return_end_token=True makes the length
     count the end token (it counts it only then), as ours and HF's do;

@@ -42,7 +42,7 @@ class Workload:
     bundle: Path
     ctranslate2_dir: Path | None = None
     min_new_tokens: int = 0  # the end token is suppressed before this many tokens, on every backend
-    kv_cache: str = "auto"  # engine and graph-loop rows: the decoder graph (engine/runner.py choose_cache)
+    kv_cache: str = "auto"  # engine and graph-loop rows: the decoder graph (engine/runtime/runner.py choose_cache)
     hf_dir: Path | None = None  # `bench --hf`: the Hugging Face directory the transformers rows load
     # The model forces its end token at max_new_tokens (generation_config forced_eos_token_id): the engine and
     # transformers apply it; CTranslate2 cannot, so it decodes the max_new_tokens - 1 tokens before it.
@@ -183,7 +183,7 @@ def torch_device(device: str) -> str:
 
 
 def _runtime(work: Workload):
-    from seqserve.engine.device import RuntimeConfig
+    from seqserve.engine.runtime.device import RuntimeConfig
 
     return RuntimeConfig(device=work.device, intra_op_threads=work.threads, allow_spinning=False)
 
@@ -193,8 +193,8 @@ def _engine(spec: RowSpec, work: Workload) -> Loaded:
     from seqserve.contract.tokenizer import load_tokenizer
     from seqserve.engine.build import offline
     from seqserve.engine.request import Request, SamplingParams
-    from seqserve.engine.runner import Runner
-    from seqserve.engine.scheduler import SchedulerConfig
+    from seqserve.engine.runtime.runner import Runner
+    from seqserve.engine.step.scheduler import SchedulerConfig
 
     rows = spec.batch_size * spec.num_beams  # a beam request holds one row of the running batch per beam
     runner = Runner(work.bundle, _runtime(work), spec.precision, capacity=rows, kv_cache=work.kv_cache)

@@ -2,7 +2,8 @@
 
     python -m seqserve.loadtest.device_probe [--device cuda|cpu]
 
-Creates a one-node ONNX session through the server's own Device (engine/device.py), so the provider printed is the
+Creates a one-node ONNX session through the server's own Device (engine/runtime/device.py), so the provider printed is
+the
 one the engine would run on, not merely one onnxruntime lists (onnxruntime-gpu lists CUDA on machines without a GPU).
 Prints `provider: NAME`, `gpu: ...` and `torch: ...` lines; with --device cuda and no CUDA provider it prints
 `no CUDA provider: <why>` on stderr (onnxruntime's own loader messages come before it) and exits 2.
@@ -16,7 +17,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from seqserve.engine.device import Device, RuntimeConfig
+from seqserve.engine.runtime.device import Device, RuntimeConfig
 
 PROG = "python -m seqserve.loadtest.device_probe"
 PROVIDER_LINE, NO_CUDA = "provider: ", "no CUDA provider"

@@ -19,9 +19,9 @@ from seqserve.contract.names import KV_CACHES
 from seqserve.contract.tokenizer import load_tokenizer
 from seqserve.contract.tsv import heldout_pairs
 from seqserve.engine.build import offline
-from seqserve.engine.device import RuntimeConfig
 from seqserve.engine.request import Request, SamplingParams
-from seqserve.engine.runner import Runner
+from seqserve.engine.runtime.device import RuntimeConfig
+from seqserve.engine.runtime.runner import Runner
 
 PARTS = (  # (part, substrings of the file or caller that put a function's time there), first match wins
     ("onnxruntime: decoder step", ("inplace_cache.py:run", "inplace_cache.py:_probe", "kv_cache.py:run")),

@@ -41,7 +41,7 @@ DEFAULT_WORK = Path("reports") / "gpu-check-work"  # the base shape's checkpoint
 FULL_BATCHES, FULL_BEAM_BATCHES, FULL_BEAMS = "1,64,256", "16", "4"
 QUICK_BATCHES, QUICK_BEAM_BATCHES, QUICK_BEAMS, QUICK_TOKENS = "2", "2", "1", 4  # greedy: each row is a process
 FULL_TESTS = ("tests/server", "--ignore=tests/server/test_security.py")  # TLS tests need trustme, not a GPU
-QUICK_TESTS = ("tests/server/test_device.py",)
+QUICK_TESTS = ("tests/engine/runtime/test_device.py",)
 QUICK_MODEL_MAX_NEW = 64  # the tiny model's cap: room for step_profile's warm-up and timed steps
 OUTPUT_TAIL_LINES = 150  # per section in the report; the whole output is in the section's log file
 SECTION_TIMEOUT_S, MAX_SECTION_TIMEOUT_S = 3600, 86400

@@ -5,7 +5,7 @@ an argmax, until every row has produced the end token or max_new_tokens (a finis
 any static batch, but its later tokens are not counted). No scheduler, no slots, no detokenising, no metrics: the
 engine row on the same graph and inputs minus this row is the engine's own overhead.
 
-The decoder graph is the one the engine row runs (engine/runner.py's choose_cache):
+The decoder graph is the one the engine row runs (engine/runtime/runner.py's choose_cache):
   * in-place (decoder_inplace): one set of (B, H, max_len, Dh) K/V buffers per batch, each present output bound to
     its past input's memory, as export/ort_io.inplace_step drives it; one IO binding per batch, of which only ids and
     lengths change per step;
@@ -23,8 +23,8 @@ import onnxruntime as ort
 
 from seqserve.contract import names
 from seqserve.contract.manifest import load_manifest
-from seqserve.engine.device import Device, RuntimeConfig
-from seqserve.engine.runner import choose_cache, run_encoder
+from seqserve.engine.runtime.device import Device, RuntimeConfig
+from seqserve.engine.runtime.runner import choose_cache, run_encoder
 
 Step = Callable[[np.ndarray, int], np.ndarray]  # (last ids (B,), step t) -> logits (B, V)
 

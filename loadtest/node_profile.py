@@ -19,10 +19,10 @@ import onnxruntime as ort
 
 from seqserve.contract.tokenizer import load_tokenizer
 from seqserve.contract.tsv import heldout_pairs
-from seqserve.engine.device import RuntimeConfig
 from seqserve.engine.build import offline
 from seqserve.engine.request import Request, SamplingParams
-from seqserve.engine.runner import Runner
+from seqserve.engine.runtime.device import RuntimeConfig
+from seqserve.engine.runtime.runner import Runner
 
 
 def profile(bundle: str, variant: str, n: int, batch_size: int, max_new: int, min_new: int, num_beams: int,

@@ -12,10 +12,10 @@ import time
 
 import numpy as np
 
-from seqserve.engine.device import RuntimeConfig
 from seqserve.engine.request import Request, SamplingParams
-from seqserve.engine.runner import Runner
-from seqserve.engine.slots import Joining
+from seqserve.engine.runtime.device import RuntimeConfig
+from seqserve.engine.runtime.runner import Runner
+from seqserve.engine.runtime.slots import Joining
 
 SOURCE = list(range(4, 20))  # 16 source tokens
 STEPS = 20

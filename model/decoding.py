@@ -25,7 +25,8 @@ def _strip(row: list[int], eos_id: int) -> list[int]:
 def apply_generation_rules(logits: torch.Tensor, step: int, max_new_tokens: int, generation: dict) -> None:
     """In place, logits (B, V) of generated token number `step` (from 0): a model's generation_config rules as
     Hugging Face's processors apply them: bad_words_ids (single tokens) never chosen, forced_bos_token_id first,
-    forced_eos_token_id as the last token max_new_tokens allows (engine/token_rules.py holds the engine's copy)."""
+    forced_eos_token_id as the last token max_new_tokens allows (engine/decoding/token_rules.py holds the engine's
+    copy)."""
     for token in generation.get("bad_words_ids", []):
         logits[:, token] = -torch.inf
     for key, forced in (("forced_bos_token_id", step == 0), ("forced_eos_token_id", step == max_new_tokens - 1)):

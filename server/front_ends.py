@@ -32,10 +32,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from seqserve.engine.build import EngineConfig
-from seqserve.server import owned_dirs
-from seqserve.server.engine_link import exit_cause
-from seqserve.server.engine_watch import Silence
-from seqserve.server.remote_engine import STABLE_SECONDS, RemoteEngine, restart_delay
+from seqserve.engine.remote import owned_dirs
+from seqserve.engine.remote.engine_link import exit_cause
+from seqserve.engine.remote.engine_watch import STABLE_SECONDS, Silence, restart_delay
+from seqserve.engine.remote.remote_engine import RemoteEngine
 from seqserve.server.settings import SettingsError
 
 log = logging.getLogger("seqserve.server.front_ends")

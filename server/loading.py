@@ -10,15 +10,16 @@ from seqserve.contract.manifest import Manifest
 from seqserve.contract.quality import below_bar
 from seqserve.engine.api import EngineClient
 from seqserve.engine.build import EngineConfig
-from seqserve.engine.device import RuntimeConfig
-from seqserve.engine.scheduler import SchedulerConfig
+from seqserve.engine.limits import Limits
+from seqserve.engine.remote.engine_watch import Silence
+from seqserve.engine.runtime.device import RuntimeConfig
+from seqserve.engine.step.scheduler import SchedulerConfig
 from seqserve.server.engine_client import start_engine
-from seqserve.server.engine_watch import Silence
 from seqserve.server.front_ends import Role, attach_engine
 from seqserve.server.model_defaults import info_entries, model_limits, task_entries
 from seqserve.server.outbox import Outbox
 from seqserve.server.repository import Source, memory_bytes
-from seqserve.server.settings import Limits, Settings, SettingsError, env_name
+from seqserve.server.settings import Settings, SettingsError, env_name
 
 
 class ModelError(SettingsError):

@@ -1,14 +1,15 @@
 """A model's own decoding defaults (the manifest's "generation": contract/generation.py's GenerationDefaults, from
 its generation_config.json) as the values of request fields left unset: max_new_tokens, min_new_tokens, num_beams,
 num_return_sequences, length_penalty, early_stopping, and with do_sample its temperature, top_k, top_p and
-repetition_penalty. The token rules (bad words, forced BOS/EOS) are engine/token_rules.py's: they hold for every
+repetition_penalty. The token rules (bad words, forced BOS/EOS) are engine/decoding/token_rules.py's: they hold for
+every
 request."""
 from __future__ import annotations
 
 from dataclasses import replace
 
+from seqserve.engine.limits import Limits
 from seqserve.engine.request import SamplingParams
-from seqserve.server.settings import Limits
 
 
 def default_max_new_tokens(generation: dict) -> int | None:

@@ -11,15 +11,17 @@ from __future__ import annotations
 import dataclasses
 
 from seqserve.contract.decoding import (
-    REPETITION_PENALTY, TEMPERATURE, TOP_P, beam_problem, max_new_tokens_problem, num_beams_problem)
+    REPETITION_PENALTY,
+    TEMPERATURE,
+    TOP_P,
+    beam_problem,
+    max_new_tokens_problem,
+    num_beams_problem,
+)
+from seqserve.engine.limits import InvalidOption, Limits, check_stop
 from seqserve.engine.request import SamplingParams
-from seqserve.server.settings import Limits
 
 NO_DEFAULTS = SamplingParams()  # a bundle without generation defaults
-
-
-class InvalidOption(ValueError):
-    """An option outside its range: the message names the field (the service answers INVALID_ARGUMENT)."""
 
 
 def _given(o, name: str, default):
@@ -89,21 +91,3 @@ def sampling_params(o, limits: Limits, defaults: SamplingParams = NO_DEFAULTS,
         num_return_sequences=n, length_penalty=length_penalty,
         early_stopping=bool(_given(o, "early_stopping", defaults.early_stopping)),
         return_logprobs=o.return_logprobs, top_logprobs=top)
-
-
-def check_stop(stop: tuple[str, ...], limits: Limits) -> None:
-    """The stop strings within their limits (server/request_bounds.py asks the same of an engine process's requests)."""
-    most = limits.max_stop_strings
-    if len(stop) > most:
-        raise InvalidOption(f"options.stop has {len(stop)} strings, more than max_stop_strings={most}")
-    each, total = limits.max_stop_string_bytes, 0
-    for i, s in enumerate(stop):
-        if s == "":
-            raise InvalidOption(f"options.stop[{i}] must not be empty")
-        size = len(s.encode())
-        if size > each:
-            raise InvalidOption(f"options.stop[{i}] has {size} bytes, more than max_stop_string_bytes={each}")
-        total += size
-    if total > limits.max_stop_bytes:
-        raise InvalidOption(f"options.stop has {total} bytes in all, more than "
-                            f"max_stop_bytes={limits.max_stop_bytes}")

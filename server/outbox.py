@@ -1,6 +1,6 @@
 """The one way back from an engine: its StepReports reach the gRPC event loop, one hop per report.
 
-An engine calls deliver once per step, from its own thread (engine/core.py) or on the loop itself (a client that
+An engine calls deliver once per step, from its own thread (engine/step/core.py) or on the loop itself (a client that
 reads another process's reports there). Reports that arrive while a hop is pending join it: a busy loop takes every
 waiting report in one hop, and each stream then wakes once for all of them (one message with every new token), not
 once per step. A hop first applies each step's figures to the metrics, then hands every Output to its request's

@@ -10,12 +10,12 @@ import asyncio
 
 from seqserve.contract.languages import Languages
 from seqserve.engine.api import EngineClient
+from seqserve.engine.limits import Limits
 from seqserve.engine.request import SamplingParams
 from seqserve.server.inflight import Call
 from seqserve.server.metrics import ModelMetrics
 from seqserve.server.outbox import Outbox
 from seqserve.server.pipe import Pipe
-from seqserve.server.settings import Limits
 
 
 class ServedModel:

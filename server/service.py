@@ -18,6 +18,7 @@ import time
 import grpc
 
 from seqserve.engine.api import ERROR_MESSAGE, EngineClient, EngineRequest, Output, QueueFull
+from seqserve.engine.limits import Limits
 from seqserve.engine.request import FinishReason, Result, SamplingParams
 from seqserve.server import options
 from seqserve.server.echo import listed, quoted
@@ -29,7 +30,6 @@ from seqserve.server.outbox import Outbox
 from seqserve.server.pipe import Pipe
 from seqserve.server.responses import config_value, option_ranges, response, summary
 from seqserve.server.served_model import ServedModel
-from seqserve.server.settings import Limits
 from seqserve.v1 import seqserve_pb2 as pb
 from seqserve.v1 import seqserve_pb2_grpc as pb_grpc
 

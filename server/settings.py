@@ -19,11 +19,11 @@ from seqserve.contract.decoding import MAX_NUM_BEAMS
 from seqserve.contract.devices import DEVICES
 from seqserve.contract.manifest import VARIANTS
 from seqserve.contract.names import KV_CACHES
+from seqserve.engine.limits import Limits
+from seqserve.engine.remote.cpus import cpu_problem
+from seqserve.engine.remote.engine_watch import NOT_READY_SECONDS, RESTART_SECONDS
 from seqserve.engine.request import SamplingParams
-from seqserve.engine.scheduler import SchedulerConfig as _Sched
-from seqserve.server.cpus import cpu_problem
-from seqserve.server.engine_watch import NOT_READY_SECONDS, RESTART_SECONDS
-from seqserve.server.limits import Limits
+from seqserve.engine.step.scheduler import SchedulerConfig as _Sched
 
 ENV_PREFIX = "SEQSERVE_"
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")

@@ -109,7 +109,7 @@ class Served:
 
 
 def engine_of(loaded):
-    """The Engine inside a loaded model's in-process EngineCore (engine/core.py)."""
+    """The Engine inside a loaded model's in-process EngineCore (engine/step/core.py)."""
     return loaded.engine.engine
 
 
@@ -202,3 +202,12 @@ def follow_log(proc) -> tuple[list[str], list[int], threading.Event]:
 
     threading.Thread(target=read, daemon=True).start()
     return log, port, listening
+
+
+def default_limits(bundle, max_batch_size: int | None = None):
+    """The request limits `seqserve serve` resolves for this bundle with its default settings (what an engine process
+    checks each request against when a test starts one without a server)."""
+    from seqserve.contract.manifest import load_manifest
+    from seqserve.server.model_defaults import model_limits
+    fields = {"max_batch_size": max_batch_size} if max_batch_size else {}
+    return model_limits(st.Settings(bundle=str(bundle), **fields), load_manifest(bundle, check_files=False))

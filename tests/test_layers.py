@@ -38,7 +38,7 @@ ALLOWED = {  # package -> the packages it may import
 SERVER_FROM_CLIENT = {"seqserve.client.flags", "seqserve.client.channel"}
 # What of the engine the gRPC edge's calls take: its narrow interface and the value types it carries. Only
 # server/loading.py, which builds an engine, reaches further (engine/build.py and the configs build takes).
-EDGE_FROM_ENGINE = {"seqserve.engine.api", "seqserve.engine.request"}
+EDGE_FROM_ENGINE = {"seqserve.engine.limits", "seqserve.engine.api", "seqserve.engine.request"}
 EDGE_CALL_PATH = {f"seqserve.server.{m}" for m in ("app", "service", "served_model", "inflight", "outbox",
                                                      "engine_metrics", "options", "responses", "pipe")}
 # The loadtest modules that run the engine in their own process, without gRPC: every benchmark row (the offline
@@ -61,8 +61,9 @@ def _modules() -> dict[str, Path]:
     """Dotted module name (seqserve.<package>.<module>) -> file."""
     found = {}
     for package, folder in FOLDERS.items():
-        for path in sorted((ROOT / folder).glob("*.py")):
-            stem = "" if path.stem == "__init__" else f".{path.stem}"
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            parts = path.relative_to(ROOT / folder).with_suffix("").parts
+            stem = "".join(f".{p}" for p in parts if p != "__init__")
             found[f"seqserve.{package}{stem}"] = path
     return found
 
@@ -94,7 +95,7 @@ GRAPH = {m: _imports(p) for m, p in MODULES.items()}
 
 
 def test_the_tree_is_what_this_test_reads():
-    assert len(MODULES) > 60 and {"seqserve.engine.engine", "seqserve.contract.manifest", "seqserve.cli.main",
+    assert len(MODULES) > 60 and {"seqserve.engine.step.engine", "seqserve.contract.manifest", "seqserve.cli.main",
                                   "seqserve.v1.seqserve_pb2"} <= set(MODULES)
 
 
@@ -102,7 +103,8 @@ def test_the_tree_is_what_this_test_reads():
 def test_each_layer_imports_only_the_layers_below_it(package):
     wrong = sorted({f"{m} imports {target}" for m, imports in GRAPH.items() if _package(m) == package
                     for target, _ in imports
-                    if _package(target) not in (package, None) and _package(target) not in ALLOWED[package]})
+                    if _package(target) not in (package, None) and _package(target) not in ALLOWED[package]
+})
     assert not wrong, "\n".join(wrong)
 
 
@@ -133,9 +135,10 @@ def test_the_edge_talks_to_an_engine_only_through_its_interface():
     assert EDGE_CALL_PATH <= set(MODULES), sorted(EDGE_CALL_PATH - set(MODULES))
     wrong = _edge_engine_imports(GRAPH)
     assert not wrong, "\n".join(wrong)
-    bad = {"seqserve.server.service": [("seqserve.engine.api", False), ("seqserve.engine.scheduler.QueueFull", False)],
+    bad = {"seqserve.server.service": [("seqserve.engine.api", False),
+                                       ("seqserve.engine.step.scheduler.QueueFull", False)],
            "seqserve.server.loading": [("seqserve.engine.build", False)]}
-    assert _edge_engine_imports(bad) == ["seqserve.server.service imports seqserve.engine.scheduler.QueueFull"]
+    assert _edge_engine_imports(bad) == ["seqserve.server.service imports seqserve.engine.step.scheduler.QueueFull"]
 
 
 def test_only_the_engine_offline_loadtest_modules_import_the_server():
@@ -199,7 +202,63 @@ def test_the_checker_catches_what_it_forbids(tmp_path):
 
 def test_the_loadtest_rule_catches_a_client_side_module_importing_the_server():
     """locustfile importing the engine is reported; the same import from a benchmark row is not."""
-    imports = [("seqserve.engine.engine", False)]
+    imports = [("seqserve.engine.step.engine", False)]
     graph = {"seqserve.loadtest.locustfile": imports, "seqserve.loadtest.bench_rows": imports}
     assert _server_imports_outside(graph, "loadtest", ENGINE_OFFLINE) == [
-        "seqserve.loadtest.locustfile imports seqserve.engine.engine"]
+        "seqserve.loadtest.locustfile imports seqserve.engine.step.engine"]
+
+
+# The engine's rooms (docs/architecture.md "The engine's rooms"): engine/ holds the interface and the types the rooms
+# share (api, request, build, limits, step_output); step/ may import every room; the others only what is listed.
+ROOM_ALLOWED = {
+    "runtime": {"runtime"},
+    "decoding": {"decoding"},
+    "remote": {"remote"},
+    "step": {"step", "decoding", "runtime"},
+}
+SHARED = {f"seqserve.engine.{m}" for m in ("api", "request", "build", "limits", "step_output")}
+# Crossings the rooms still make, each with its reason; a new one fails the test, a removed one only shrinks this.
+KNOWN_CROSSINGS = {
+    "seqserve.engine.decoding.beam imports seqserve.engine.runtime.runner",  # Beams reads runner.slots to place beams
+    "seqserve.engine.decoding.sampling imports seqserve.engine.step.running",  # Sampler.choose reads a Running row
+    "seqserve.engine.remote.engine_process imports seqserve.engine.step.core",  # the host holds the in-process client
+}
+def _room(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 and parts[1] == "engine" and parts[2] in ROOM_ALLOWED else None
+
+
+def _room_crossings(graph: dict[str, list[tuple[str, bool]]]) -> list[str]:
+    """`m imports t` for each import from one room of the engine into a room it may not import, or into a file of
+    engine/ that is not SHARED."""
+    wrong = set()
+    for m, imports in graph.items():
+        if (room := _room(m)) is None:
+            continue
+        for t, _ in imports:
+            if _package(t) != "engine" or t == "seqserve.engine":
+                continue
+            target = ".".join(t.split(".")[:4 if _room(t) else 3])
+            if _room(t) in ROOM_ALLOWED[room] or target in SHARED:
+                continue
+            wrong.add(f"{m} imports {target}")
+    return sorted(wrong)
+
+
+def test_each_room_imports_only_the_rooms_it_may():
+    """runtime imports no decoding, decoding no runtime, remote only the interface; step composes them."""
+    assert {r for m in MODULES if (r := _room(m))} == set(ROOM_ALLOWED)
+    assert sorted(set(_room_crossings(GRAPH)) - KNOWN_CROSSINGS) == []
+
+
+def test_the_engine_process_imports_nothing_of_the_server():
+    """Its starter hands it the model's Limits (Launch): the engine resolves no server settings itself."""
+    wrong = sorted({f"{m} imports {t}" for m, imports in GRAPH.items() if _package(m) == "engine"
+                    for t, _ in imports if _package(t) == "server"})
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_room_rule_catches_a_runtime_module_importing_decoding():
+    bad = {"seqserve.engine.runtime.runner": [("seqserve.engine.decoding.beam.Beams", False),
+                                              ("seqserve.engine.step_output", False)]}
+    assert _room_crossings(bad) == ["seqserve.engine.runtime.runner imports seqserve.engine.decoding.beam"]

@@ -20,7 +20,8 @@ NOT_SOURCES = shutil.ignore_patterns(".git", ".venv", "artifacts", "build", "dis
 EXPECTED = ["seqserve/__init__.py", "seqserve/protogen.py", "seqserve/v1/seqserve_pb2.py", "seqserve/contract/names.py",
             "seqserve/model/train.py", "seqserve/server/app.py", "seqserve/export/bundle.py",
             "seqserve/checks/verify.py", "seqserve/loadtest/bench.py", "seqserve/cli/main.py",
-            "seqserve/client/healthcheck.py"]
+            "seqserve/client/healthcheck.py", "seqserve/engine/step/engine.py", "seqserve/engine/decoding/beam.py",
+            "seqserve/engine/runtime/runner.py", "seqserve/engine/remote/engine_process.py"]
 
 
 def _run(args: list, **kwargs) -> subprocess.CompletedProcess:

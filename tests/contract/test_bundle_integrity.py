@@ -10,8 +10,8 @@ import pytest
 
 from seqserve.contract import names
 from seqserve.contract.manifest import DIGEST, FORMAT_VERSION, MANIFEST, BundleError, load_manifest
-from seqserve.engine.device import RuntimeConfig
-from seqserve.engine.runner import Runner
+from seqserve.engine.runtime.device import RuntimeConfig
+from seqserve.engine.runtime.runner import Runner
 
 CPU = RuntimeConfig(device="cpu")
 

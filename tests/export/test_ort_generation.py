@@ -6,7 +6,7 @@ from seqserve.checks.quality import CPU, generate
 from seqserve.contract.manifest import load_manifest
 from seqserve.contract.tsv import heldout_pairs
 from seqserve.engine.request import FinishReason
-from seqserve.engine.runner import Runner
+from seqserve.engine.runtime.runner import Runner
 from seqserve.model.checkpoint import load_checkpoint
 from seqserve.model.decoding import greedy_decode
 

@@ -152,8 +152,8 @@ def test_each_device_benchmarks_its_own_precisions():
 
 
 def test_step_profile_times_every_operation_and_leaves_the_runner_empty(tiny_bundle, capsys):
-    from seqserve.engine.device import RuntimeConfig
-    from seqserve.engine.runner import Runner
+    from seqserve.engine.runtime.device import RuntimeConfig
+    from seqserve.engine.runtime.runner import Runner
     from seqserve.loadtest.step_profile import main as step_profile
     from seqserve.loadtest.step_profile import profile
 

@@ -9,8 +9,8 @@ from seqserve.loadtest.engine_profile import split
 
 RUN = ("~", 0, "<built-in method onnxruntime.capi.onnxruntime_pybind11_state.run_with_iobinding>")
 WRAPPER = ("/site-packages/onnxruntime/capi/onnxruntime_inference_collection.py", 538, "run_with_iobinding")
-DECODER = ("/seqserve/engine/inplace_cache.py", 94, "run")
-ENCODER = ("/seqserve/engine/runner.py", 80, "run_encoder")
+DECODER = ("/seqserve/engine/runtime/inplace_cache.py", 94, "run")
+ENCODER = ("/seqserve/engine/runtime/runner.py", 80, "run_encoder")
 
 
 def test_onnxruntime_time_is_split_by_time_spent_not_by_calls():

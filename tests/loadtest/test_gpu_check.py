@@ -45,7 +45,7 @@ def test_the_quick_cpu_check_writes_every_section_with_its_command_date_and_prov
     bench = sections[list(SECTIONS)[2]]
     assert "--device cpu --no-ctranslate2 --transformers" in bench
     assert "Provider in use: onnxruntime CPUExecutionProvider; transformers torch-cpu." in bench
-    assert "tests/server/test_device.py" in sections["2. Test suite on cpu"] and " passed" in sections[
+    assert "tests/engine/runtime/test_device.py" in sections["2. Test suite on cpu"] and " passed" in sections[
         "2. Test suite on cpu"]
     rows = {r["name"]: r for r in json.loads((work / "bench.json").read_text())["rows"]}
     forced = gpu_check.QUICK_TOKENS

@@ -21,7 +21,7 @@ pytest.importorskip("sentencepiece")
 from tokenizers import Tokenizer
 
 from seqserve.contract.tokenizer import as_text_only
-from seqserve.engine.detokenizer import TextStream
+from seqserve.engine.decoding.detokenizer import TextStream
 from seqserve.model import hf_tokenizer
 from seqserve.model.hf_tokenizer import TokenizerImportError
 
@@ -130,7 +130,8 @@ def test_decoded_text_equals_the_originals_decode_skipping_special_tokens(family
 
 
 def test_streamed_text_equals_the_originals_decode(family):
-    """The server's incremental path (engine/detokenizer.py: DecodeStream, then the whole output once at the end)
+    """The server's incremental path (engine/decoding/detokenizer.py: DecodeStream, then the whole output once at the
+    end)
     sends pieces that join to exactly the original's text, and never sends text it later takes back."""
     name, _, original, served, _ = family
     for ids in _id_sequences(original, served.get_vocab_size()):

@@ -17,7 +17,7 @@ from seqserve.v1 import seqserve_pb2_grpc as pb_grpc
 
 WAIT = 60.0
 START = 180.0  # a server loads and warms up its model and starts its processes within this, on a busy machine too
-ENGINE = "seqserve.server.engine_process"
+ENGINE = "seqserve.engine.remote.engine_process"
 FRONT = "seqserve.cli.main serve"
 SERVING = re.compile(r" serving (\S+) on [^ ]+:(\d+) \(")
 

@@ -1,4 +1,5 @@
-"""engine/beam.py's Beams against the PyTorch reference (model/beam.py's SourceBeams), step by step, on a synthetic
+"""engine/decoding/beam.py's Beams against the PyTorch reference (model/beam.py's SourceBeams), step by step, on a
+synthetic
 model with many exact ties: every beam request of a changing batch gets the reference's n-best, exactly.
 
 The synthetic model's logits are a function of the request and the row's own tokens so far (read back from the slot
@@ -12,13 +13,13 @@ import numpy as np
 import pytest
 import torch
 
-from seqserve.engine.beam import Beams
-from seqserve.engine.device import RuntimeConfig
-from seqserve.engine.outputs import Outputs
+from seqserve.engine.decoding.beam import Beams
+from seqserve.engine.decoding.sampling import log_softmax
 from seqserve.engine.request import Request, SamplingParams
-from seqserve.engine.runner import Runner
-from seqserve.engine.sampling import log_softmax
-from seqserve.engine.slots import Joining
+from seqserve.engine.runtime.device import RuntimeConfig
+from seqserve.engine.runtime.runner import Runner
+from seqserve.engine.runtime.slots import Joining
+from seqserve.engine.step.outputs import Outputs
 from seqserve.model.beam import BeamOptions, SourceBeams
 
 LEVELS = np.array([0.0, -0.5, -1.0, -1.5, -2.0, -4.0], np.float32)  # few values: ties everywhere, at any rank

@@ -11,9 +11,9 @@ from grpc_harness import request
 
 from seqserve.client.client import Client
 from seqserve.contract.decoding import FLOAT_RANGES
+from seqserve.engine.limits import InvalidOption, Limits
 from seqserve.engine.request import SamplingParams
-from seqserve.server.options import InvalidOption, sampling_params
-from seqserve.server.settings import Limits
+from seqserve.server.options import sampling_params
 from seqserve.v1 import seqserve_pb2 as pb
 
 LIMITS = Limits(max_input_tokens=64, max_new_tokens=32, default_max_new_tokens=16, max_stop_strings=8,

@@ -1,4 +1,4 @@
-"""The device-resident in-place cache (engine/device_cache.py) on 'cpu' OrtValues: the very code CUDA runs (copy
+"""The device-resident in-place cache (engine/runtime/device_cache.py) on 'cpu' OrtValues: the very code CUDA runs (copy
 graphs bound by pointer, outputs fetched from device buffers) gives today's numpy InPlaceCache's tokens exactly."""
 from __future__ import annotations
 
@@ -9,14 +9,14 @@ import pytest
 from seqserve.contract import names
 from seqserve.contract.tokenizer import load_tokenizer
 from seqserve.contract.tsv import heldout_pairs
-from seqserve.engine import onnx_wire
-from seqserve.engine.device import RuntimeConfig
-from seqserve.engine.device_cache import DeviceInPlaceCache, buckets
-from seqserve.engine.engine import Engine
-from seqserve.engine.inplace_cache import InPlaceCache
 from seqserve.engine.request import Request, SamplingParams
-from seqserve.engine.runner import Runner, choose_cache
-from seqserve.engine.scheduler import Scheduler, SchedulerConfig
+from seqserve.engine.runtime import onnx_proto
+from seqserve.engine.runtime.device import RuntimeConfig
+from seqserve.engine.runtime.device_cache import DeviceInPlaceCache, buckets
+from seqserve.engine.runtime.inplace_cache import InPlaceCache
+from seqserve.engine.runtime.runner import Runner, choose_cache
+from seqserve.engine.step.engine import Engine
+from seqserve.engine.step.scheduler import Scheduler, SchedulerConfig
 from seqserve.server.metrics import Metrics
 
 CPU = RuntimeConfig(device="cpu", intra_op_threads=1)
@@ -108,10 +108,10 @@ def test_wire_format_graph_equals_onnx_own_serialisation():
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
-    got = onnx_wire.model("g", [onnx_wire.node("Pad", ["x", "p"], ["y"]),
-                           onnx_wire.node("Cast", ["y"], ["z"], to=10)],
-                          [onnx_wire.value("x", np.float32, ["b", 3])], [onnx_wire.value("z", np.float16, ["b", 5])],
-                          [onnx_wire.initializer("p", np.array([0, 1, 0, 1], np.int64))])
+    got = onnx_proto.model("g", [onnx_proto.node("Pad", ["x", "p"], ["y"]),
+                           onnx_proto.node("Cast", ["y"], ["z"], to=10)],
+                          [onnx_proto.value("x", np.float32, ["b", 3])], [onnx_proto.value("z", np.float16, ["b", 5])],
+                          [onnx_proto.initializer("p", np.array([0, 1, 0, 1], np.int64))])
     parsed = onnx.load_from_string(got)
     onnx.checker.check_model(parsed)
     assert [n.op_type for n in parsed.graph.node] == ["Pad", "Cast"]

@@ -36,7 +36,7 @@ MODEL = "tiny"
 HEALTH_NAME = f"seqserve.v1.Generation/{MODEL}"
 LONG = dict(min_new_tokens=38, max_new_tokens=38)  # 38 steps (the bundle allows 40)
 SERVING, NOT_SERVING = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
-ENGINE = "seqserve.server.engine_process"
+ENGINE = "seqserve.engine.remote.engine_process"
 
 
 def _cmdline(pid: int) -> str:

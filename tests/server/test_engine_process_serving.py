@@ -1,5 +1,6 @@
 """The whole gRPC server with `serve --engine-process` (settings.engine_process): real servers on the tiny bundle, a
-real channel, each model's engine in a process of its own (server/remote_engine.py, server/engine_process.py).
+real channel, each model's engine in a process of its own (engine/remote/remote_engine.py,
+engine/remote/engine_process.py).
 
 The oracle is an in-process server on the same bundle and settings (its answers to the same requests) and the
 bundle's tokenizer; nothing expected comes from the engine process.
@@ -25,7 +26,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from grpc_harness import Served, request, wait_for
+from grpc_harness import Served, default_limits, request, wait_for
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -33,8 +34,8 @@ from seqserve.contract.integrity import open_bundle
 from seqserve.contract.manifest import MANIFEST, sha256_of
 from seqserve.contract.verified import VERIFIED
 from seqserve.engine.build import EngineConfig
-from seqserve.engine.device import RuntimeConfig
-from seqserve.server.remote_engine import RemoteEngine
+from seqserve.engine.remote.remote_engine import RemoteEngine
+from seqserve.engine.runtime.device import RuntimeConfig
 from seqserve.v1 import seqserve_pb2 as pb
 
 WAIT = 30.0  # every wait is bounded: a hang fails the test instead of blocking the suite
@@ -137,7 +138,7 @@ def _engine_children() -> list[int]:
             cmdline = (entry / "cmdline").read_bytes()
         except (OSError, IndexError, ValueError):
             continue  # it exited meanwhile
-        if ppid == os.getpid() and b"seqserve.server.engine_process" in cmdline:
+        if ppid == os.getpid() and b"seqserve.engine.remote.engine_process" in cmdline:
             found.append(int(entry.name))
     return found
 
@@ -310,7 +311,8 @@ def test_a_cancelled_stream_ends_its_request_in_the_engine(remote, sources):
 def test_the_engine_process_logs_at_the_server_level(tiny_bundle, capfd, caplog, level):
     """`serve --log-level WARNING --engine-process` keeps the engine processes' INFO lines out of its log too."""
     caplog.set_level(level, logger="seqserve")
-    engine = RemoteEngine(EngineConfig(tiny_bundle, runtime=RuntimeConfig(device="cpu", intra_op_threads=1)))
+    engine = RemoteEngine(EngineConfig(tiny_bundle, runtime=RuntimeConfig(device="cpu", intra_op_threads=1)),
+                          limits=default_limits(tiny_bundle))
     try:
         pid = engine.process.pid
     finally:
@@ -333,9 +335,14 @@ def test_a_front_end_that_dies_takes_its_engine_with_it(tiny_bundle):
     front = subprocess.Popen(
         [sys.executable, "-c", "import sys\n"
          "from seqserve.engine.build import EngineConfig\n"
-         "from seqserve.engine.device import RuntimeConfig\n"
-         "from seqserve.server.remote_engine import RemoteEngine\n"
-         "e = RemoteEngine(EngineConfig(sys.argv[1], runtime=RuntimeConfig(device='cpu', intra_op_threads=1)))\n"
+         "from seqserve.engine.runtime.device import RuntimeConfig\n"
+         "from seqserve.engine.remote.remote_engine import RemoteEngine\n"
+         "from seqserve.contract.manifest import load_manifest\n"
+         "from seqserve.server.model_defaults import model_limits\n"
+         "from seqserve.server.settings import Settings\n"
+         "limits = model_limits(Settings(bundle=sys.argv[1]), load_manifest(sys.argv[1], check_files=False))\n"
+         "e = RemoteEngine(EngineConfig(sys.argv[1], runtime=RuntimeConfig(device='cpu', intra_op_threads=1)),\n"
+         "                 limits=limits)\n"
          "e.start(lambda report: None)\n"
          "print(e.process.pid, e._dir, flush=True)\n"
          "sys.stdin.read()\n", str(tiny_bundle)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)

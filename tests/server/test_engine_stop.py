@@ -8,10 +8,10 @@ from grpc_harness import StepGate, wait_for
 
 from seqserve.contract.tokenizer import load_tokenizer
 from seqserve.contract.tsv import heldout_pairs
-from seqserve.engine.device import RuntimeConfig
 from seqserve.engine.build import offline
 from seqserve.engine.request import FinishReason, Request, SamplingParams
-from seqserve.engine.runner import Runner
+from seqserve.engine.runtime.device import RuntimeConfig
+from seqserve.engine.runtime.runner import Runner
 
 
 class Recorder:

@@ -11,12 +11,12 @@ import pytest
 
 from seqserve.contract.tokenizer import load_tokenizer
 from seqserve.contract.tsv import heldout_pairs
-from seqserve.engine.device import RuntimeConfig
-from seqserve.engine.engine import Engine
-from seqserve.engine.finish import ERROR_MESSAGE
 from seqserve.engine.request import FinishReason, Request, SamplingParams
-from seqserve.engine.runner import Runner
-from seqserve.engine.scheduler import Scheduler, SchedulerConfig
+from seqserve.engine.runtime.device import RuntimeConfig
+from seqserve.engine.runtime.runner import Runner
+from seqserve.engine.step.engine import Engine
+from seqserve.engine.step.finish import ERROR_MESSAGE
+from seqserve.engine.step.scheduler import Scheduler, SchedulerConfig
 from seqserve.v1 import seqserve_pb2 as pb
 
 POISON = "b 5 9 k"

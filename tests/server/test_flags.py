@@ -14,7 +14,7 @@ from seqserve.client.flags import DEFAULT_ADDRESS, DEFAULT_PORT, LOOPBACK, flag,
 from seqserve.server.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
-PRODUCT = ("cli", "client", "contract", "checks", "export", "loadtest", "model", "server")
+PRODUCT = ("cli", "client", "contract", "checks", "export", "loadtest", "model", "server", "engine")
 
 
 def test_parse_bool_takes_the_usual_words_and_refuses_others():
@@ -43,7 +43,7 @@ def _constants(path: Path) -> list[object]:
 
 def test_no_other_module_spells_the_address_or_builds_a_flag_name():
     offenders = []
-    for path in sorted(p for folder in PRODUCT for p in (ROOT / folder).glob("*.py")):
+    for path in sorted(p for folder in PRODUCT for p in (ROOT / folder).rglob("*.py")):
         if path.name == "flags.py":
             continue
         constants = _constants(path)

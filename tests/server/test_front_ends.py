@@ -113,10 +113,10 @@ def test_two_front_ends_share_the_port_and_the_engine(served, heldout):
     assert first > 0 and second > 0 and first + second == CONNECTIONS  # both front ends served, each counted its own
 
     children = {pid: _cmdline(pid) for pid in _children(proc.pid)}
-    [engine] = [pid for pid, cmd in children.items() if "seqserve.server.engine_process" in cmd]
+    [engine] = [pid for pid, cmd in children.items() if "seqserve.engine.remote.engine_process" in cmd]
     [front] = [pid for pid, cmd in children.items() if "seqserve.cli.main serve" in cmd]
     os.kill(engine, signal.SIGKILL)  # both front ends' calls on it end; both attach to the one started after it
-    _until(lambda: any("seqserve.server.engine_process" in _cmdline(p) for p in _children(proc.pid)),
+    _until(lambda: any("seqserve.engine.remote.engine_process" in _cmdline(p) for p in _children(proc.pid)),
            "a new engine process")
 
     def all_answer() -> bool:

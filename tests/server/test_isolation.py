@@ -13,13 +13,14 @@ from grpc_harness import request, wait_for
 
 from seqserve.contract.tokenizer import load_tokenizer
 from seqserve.contract.tsv import heldout_pairs
-from seqserve.engine import detokenizer, outputs, sampling
-from seqserve.engine.device import RuntimeConfig
-from seqserve.engine.engine import Engine
-from seqserve.engine.finish import ERROR_MESSAGE
+from seqserve.engine.decoding import detokenizer, sampling
 from seqserve.engine.request import FinishReason, Request, SamplingParams
-from seqserve.engine.runner import Runner
-from seqserve.engine.scheduler import Scheduler, SchedulerConfig
+from seqserve.engine.runtime.device import RuntimeConfig
+from seqserve.engine.runtime.runner import Runner
+from seqserve.engine.step import outputs
+from seqserve.engine.step.engine import Engine
+from seqserve.engine.step.finish import ERROR_MESSAGE
+from seqserve.engine.step.scheduler import Scheduler, SchedulerConfig
 from seqserve.v1 import seqserve_pb2 as pb
 
 POISON_SEED = 666_666  # the poisoned request's seed: every patched phase raises for it alone
@@ -130,7 +131,7 @@ def test_over_a_real_server_the_failing_call_gets_internal_and_its_mates_are_unt
 
 
 class _FailingOnce:
-    """Stands in for the engine's step figures (engine/stats.py), whose generated-token count raises once, in the
+    """Stands in for the engine's step figures (engine/step/stats.py), whose generated-token count raises once, in the
     step where a request with max_new_tokens 3 ended: a bug outside any one request's bookkeeping."""
 
     def __init__(self, stats, scheduler) -> None:

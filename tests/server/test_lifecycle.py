@@ -117,7 +117,7 @@ def test_metric_values_move_as_requests_complete(served, heldout):
 # it, so the call is exactly mid-generation when the signal lands.
 HELD_SERVE = """
 import os, sys, time
-from seqserve.engine.runner import Runner
+from seqserve.engine.runtime.runner import Runner
 step = Runner.run_step  # the decoder step the engine calls
 taken = 0
 def held_step(self, *args, **kwargs):
@@ -201,8 +201,8 @@ def test_a_signal_during_start_up_exits_0(tiny_bundle, tmp_path):
 
 def test_importing_the_server_does_not_import_torch():
     """Nor transformers or sentencepiece (the hf extra is for `seqserve import` and the tests only)."""
-    code = ("import sys, seqserve.server.app, seqserve.server.service, seqserve.engine.engine, seqserve.cli.main\n"
-            "import seqserve.client.client, seqserve.server.settings, seqserve.engine.token_rules\n"
+    code = ("import sys, seqserve.server.app, seqserve.server.service, seqserve.engine.step.engine, seqserve.cli.main\n"
+            "import seqserve.client.client, seqserve.server.settings, seqserve.engine.decoding.token_rules\n"
             "import seqserve.server.model_defaults, seqserve.contract.integrity\n"
             "seqserve.cli.main.build_parser()\n"
             "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers', 'sentencepiece'))\n"

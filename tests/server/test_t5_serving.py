@@ -22,9 +22,9 @@ from test_runner import Alone
 from seqserve.cli.main import main
 from seqserve.contract import names
 from seqserve.contract.quality import MIN_TOP1
-from seqserve.engine.device import RuntimeConfig
-from seqserve.engine.runner import Runner
-from seqserve.engine.slots import Joining
+from seqserve.engine.runtime.device import RuntimeConfig
+from seqserve.engine.runtime.runner import Runner
+from seqserve.engine.runtime.slots import Joining
 from seqserve.export.ort_io import cpu_session
 from seqserve.server import settings as st
 from seqserve.v1 import seqserve_pb2 as pb

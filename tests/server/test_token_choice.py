@@ -9,10 +9,10 @@ from token_choice_bundle import Recording
 from seqserve.contract import names
 from seqserve.contract.tokenizer import load_tokenizer
 from seqserve.contract.tsv import heldout_pairs
-from seqserve.engine.device import RuntimeConfig
-from seqserve.engine.engine import Engine
 from seqserve.engine.request import Request, SamplingParams
-from seqserve.engine.scheduler import Scheduler, SchedulerConfig
+from seqserve.engine.runtime.device import RuntimeConfig
+from seqserve.engine.step.engine import Engine
+from seqserve.engine.step.scheduler import Scheduler, SchedulerConfig
 from seqserve.engine.step_output import Need
 
 CPU = RuntimeConfig(device="cpu", intra_op_threads=1)

@@ -1,0 +1,1 @@
+"""onnxruntime: the runner, its slots, the KV caches, copy graphs and the device."""
