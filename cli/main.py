@@ -205,14 +205,15 @@ def _import_quietly(args: argparse.Namespace) -> int:
 
 def _hf_demo(args: argparse.Namespace) -> int:
     """Writes a small random Hugging Face directory that `seqserve import` accepts (no hub needed)."""
-    from seqserve.model.hf_demo import FAMILIES, SEED, SIZES, build
+    from seqserve.model.hf_demo import FAMILIES, SEED, build
 
     if args.family not in FAMILIES:
         raise ValueError(f"unknown family {args.family!r}; the families are: "
                          + ", ".join(f"{name} ({family.layout})" for name, family in FAMILIES.items()))
-    if args.size not in SIZES:
-        raise ValueError(f"unknown size {args.size!r}; the sizes are: {', '.join(SIZES)}")
-    out = build(args.family, args.out, SIZES[args.size], SEED if args.seed is None else args.seed)
+    sizes = FAMILIES[args.family].sizes
+    if args.size not in sizes:
+        raise ValueError(f"unknown size {args.size!r} for {args.family}; its sizes are: {', '.join(sizes)}")
+    out = build(args.family, args.out, sizes[args.size], SEED if args.seed is None else args.seed)
     print(f"wrote a random-weight {args.family} model to {out}; next: seqserve import {out} --out CHECKPOINT")
     return 0
 
@@ -233,6 +234,7 @@ def _hf_rows(checkpoint: Path, hf_dir: Path, rows: list) -> int:
 
 def _add_export_commands(sub) -> None:
     from seqserve.contract.devices import DEVICES
+    from seqserve.model.hf_demo import FAMILIES, TINY_SIZE  # torch-free: hf-demo's table of families
     from seqserve.model.hf_families import described  # torch-free: the import's own table of model_types
 
     p = sub.add_parser("import", help=f"import a Hugging Face model directory as a checkpoint: {described()}",
@@ -248,9 +250,11 @@ def _add_export_commands(sub) -> None:
 
     p = sub.add_parser("hf-demo", help="write a small random-weight Hugging Face model directory to try `import` "
                                        "offline", description=_hf_demo.__doc__ + " Its output is random text.")
-    p.add_argument("family", help="marian, bart, ...: an unknown name lists every family (model/hf_demo.py)")
+    p.add_argument("family", help=f"{', '.join(FAMILIES)} (model/hf_demo.py): an unknown name lists each one's layout")
     p.add_argument("--out", required=True, help="directory to write (config, weights, tokenizer files)")
-    p.add_argument("--size", default="tiny", help="tiny (d_model 32, seconds to build) or base (opus-mt's size)")
+    p.add_argument("--size", default=TINY_SIZE, help=f"{TINY_SIZE} (d_model 32, seconds to build) or base (the shape "
+                                                      "of the family's small hub model: opus-mt, t5-small, "
+                                                      "flan-t5-small; not mt5)")
     p.add_argument("--seed", type=int, help="the weights' and tokenizer's seed (default: the tests' models' seed)")
     p.set_defaults(func=_hf_demo)
 

@@ -12,8 +12,9 @@ from seqserve.model.hf_demo_models import (  # noqa: F401
 from seqserve.model.hf_demo_parts import (  # noqa: F401
     LOGITS_BIAS_STD, MARIAN_BASE, SEED, TINY, HfSize, real_strings, train_sentencepiece, training_strings)
 
-FAMILIES = tuple(hf_demo.FAMILIES)  # the family names, in the table's order
-BUILDERS = {name: family.build for name, family in hf_demo.FAMILIES.items()}
+# the BART-layout families' names, in the table's order (tests/hf_t5.py has the T5 ones)
+FAMILIES = tuple(name for name, family in hf_demo.FAMILIES.items() if not family.t5)
+BUILDERS = {name: hf_demo.FAMILIES[name].build for name in FAMILIES}
 _train_sentencepiece = train_sentencepiece
 
 
