@@ -15,7 +15,15 @@ from pathlib import Path
 from seqserve.model.hf_demo_models import build_bart, build_m2m100, build_marian, build_mbart50, build_nllb
 from seqserve.model.hf_demo_parts import MARIAN_BASE, SEED, TINY, HfSize
 from seqserve.model.hf_demo_t5 import (
-    FLAN_T5_SMALL, FLAN_TINY, T5_SMALL, T5_TINY, T5Size, build_flan_t5, build_mt5, build_t5)
+    FLAN_T5_SMALL,
+    FLAN_TINY,
+    T5_SMALL,
+    T5_TINY,
+    T5Size,
+    build_flan_t5,
+    build_mt5,
+    build_t5,
+)
 
 MARIAN, BART, M2M100, NLLB, MBART50 = "marian", "bart", "m2m_100", "nllb", "mbart50"
 T5, FLAN_T5, MT5 = "t5", "flan-t5", "mt5"

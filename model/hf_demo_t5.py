@@ -85,8 +85,13 @@ def t5_tokenizer(directory: Path, size: int | None = None):
 def _build(directory: str | Path, size: T5Size, seed: int, mt5: bool = False, gated: bool = False) -> Path:
     """gated: T5 v1.1's layout (gated-gelu and an untied head); mT5 always has it."""
     import torch
-    from transformers import (GenerationConfig, MT5Config, MT5ForConditionalGeneration, T5Config,
-                              T5ForConditionalGeneration)
+    from transformers import (
+        GenerationConfig,
+        MT5Config,
+        MT5ForConditionalGeneration,
+        T5Config,
+        T5ForConditionalGeneration,
+    )
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
