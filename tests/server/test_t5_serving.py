@@ -16,8 +16,8 @@ import hf_t5
 import numpy as np
 import pytest
 from grpc_harness import Served
+from row_alone import Alone
 from test_hf_serving import _hf, _served
-from test_runner import Alone
 
 from seqserve.cli.main import main
 from seqserve.contract import names
