@@ -21,7 +21,8 @@ from seqserve.engine.api import EngineInfo
 from seqserve.engine.build import EngineConfig
 from seqserve.engine.limits import Limits
 from seqserve.engine.remote import wire
-from seqserve.engine.remote.engine_process import HELLO, Launch
+from seqserve.engine.remote.engine_process import Launch
+from seqserve.engine.remote.wire import HELLO
 
 log = logging.getLogger("seqserve.engine.remote.remote_engine")
 SECRET_BYTES = 32  # a STOP carries this many random bytes: only the front end that started an engine stops it

@@ -53,13 +53,12 @@ from seqserve.engine.limits import Limits
 from seqserve.engine.remote import wire
 from seqserve.engine.remote.cpus import cpu_list
 from seqserve.engine.remote.request_bounds import request_problem
+from seqserve.engine.remote.wire import ABORT, ADD, BEAT, BYE, HELLO, PING, REPORT, STOP, STOPPED
 from seqserve.engine.request import FinishReason, Result
 from seqserve.engine.step.core import EngineCore
 
 log = logging.getLogger("seqserve.engine.remote.engine_process")
 
-HELLO, ADD, ABORT, REPORT, STOP, STOPPED, BYE = b"H", b"A", b"X", b"R", b"S", b"D", b"B"
-PING, BEAT = b"P", b"K"  # a front end asks whether the engine is alive; the engine answers between two steps
 LINGER_MS = 5_000  # how long the exiting engine keeps trying to hand its last reports to a front end
 STOP_MARGIN_SECONDS = 5.0  # beyond stop's own timeout, for the last reports and the process exit
 SOCKET_DIR_PREFIX = "seqserve-engine-"  # the private directory a front end makes for its engines' ipc sockets

@@ -36,20 +36,10 @@ from seqserve.engine.remote import engine_watch as watch
 from seqserve.engine.remote import owned_dirs, wire
 from seqserve.engine.remote.engine_held import Held, cancelled
 from seqserve.engine.remote.engine_link import Attached, Spawned, exit_cause, hello
-from seqserve.engine.remote.engine_process import (
-    ABORT,
-    ADD,
-    BYE,
-    HELLO,
-    PING,
-    REPORT,
-    SOCKET_DIR_PREFIX,
-    STOP,
-    STOP_MARGIN_SECONDS,
-    STOPPED,
-)
+from seqserve.engine.remote.engine_process import SOCKET_DIR_PREFIX, STOP_MARGIN_SECONDS
 from seqserve.engine.remote.engine_watch import STABLE_SECONDS, Silence, Watch
 from seqserve.engine.remote.mailbox import Mailbox
+from seqserve.engine.remote.wire import ABORT, ADD, BYE, HELLO, PING, REPORT, STOP, STOPPED
 
 log = logging.getLogger("seqserve.engine.remote.remote_engine")
 

@@ -20,6 +20,10 @@ from typing import Any, TypeVar
 
 import msgpack
 
+# The protocol's message kinds (engine_process.py's docstring has the table): the first frame of each message.
+HELLO, ADD, ABORT, REPORT, STOP, STOPPED, BYE = b"H", b"A", b"X", b"R", b"S", b"D", b"B"
+PING, BEAT = b"P", b"K"  # a front end asks whether the engine is alive; the engine answers between two steps
+
 T = TypeVar("T")
 
 

@@ -25,7 +25,7 @@ from serve_process import WAIT, ServeProcess, engine_address, generate, until
 from seqserve.contract.integrity import open_bundle
 from seqserve.engine.api import EngineRequest, StepReport
 from seqserve.engine.remote import wire
-from seqserve.engine.remote.engine_process import ABORT, ADD, HELLO, REPORT, STOP
+from seqserve.engine.remote.wire import ABORT, ADD, HELLO, REPORT, STOP
 from seqserve.engine.request import FinishReason, SamplingParams
 
 DROPPED = "dropped a malformed message"
