@@ -69,6 +69,19 @@ def _part(where: str, compiled: str) -> str:
     return "other (Python, numpy outside the engine)"
 
 
+def profile_sources(runner: Runner, tokenizer, n: int) -> list[list[int]]:
+    """The first n held-out inputs; for a bundle without a held-out split (an imported model), the n random sources
+    `seqserve bench --hf` decodes (seed 0)."""
+    pairs = heldout_pairs(runner.bundle, n)
+    if pairs:
+        return [tokenizer.encode(s).ids for s, _ in pairs]
+    from seqserve.loadtest.hf_models import random_sources  # imports the exporter: only for imported bundles
+
+    special = runner.manifest.special_tokens
+    return random_sources(n, int(runner.manifest.model["vocab_size"]), {int(i) for i in special.values()},
+                          int(special["eos_id"]), seed=0)
+
+
 def profile(bundle: str, n: int, batch_size: int, max_new: int, threads: int, kv_cache: str, min_new: int = 0,
             num_beams: int = 1, variant: str = "fp32", cpu_time: bool = False) -> dict:
     """batch_size counts requests; a beam request holds num_beams rows (early_stopping as `seqserve bench`).
@@ -77,7 +90,7 @@ def profile(bundle: str, n: int, batch_size: int, max_new: int, threads: int, kv
     runner = Runner(bundle, RuntimeConfig(device="cpu", intra_op_threads=threads, allow_spinning=False), variant,
                     capacity=rows, kv_cache=kv_cache)
     tokenizer = load_tokenizer(runner.bundle / runner.manifest.tokenizer["file"])
-    sources = [tokenizer.encode(s).ids for s, _ in heldout_pairs(bundle, n)]
+    sources = profile_sources(runner, tokenizer, n)
 
     def run() -> list[Request]:
         engine = offline(runner, tokenizer, max_batch_size=rows, max_waiting=len(sources), max_kv_tokens=1 << 30)

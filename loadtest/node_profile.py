@@ -18,11 +18,11 @@ from pathlib import Path
 import onnxruntime as ort
 
 from seqserve.contract.tokenizer import load_tokenizer
-from seqserve.contract.tsv import heldout_pairs
 from seqserve.engine.build import offline
 from seqserve.engine.request import Request, SamplingParams
 from seqserve.engine.runtime.device import RuntimeConfig
 from seqserve.engine.runtime.runner import Runner
+from seqserve.loadtest.engine_profile import profile_sources
 
 
 def profile(bundle: str, variant: str, n: int, batch_size: int, max_new: int, min_new: int, num_beams: int,
@@ -39,7 +39,7 @@ def profile(bundle: str, variant: str, n: int, batch_size: int, max_new: int, mi
         graph = runner.manifest.variants[variant][runner.cache.graph]["file"]
         runner.decoder = ort.InferenceSession(str(runner.bundle / graph), opts, providers=["CPUExecutionProvider"])
         tokenizer = load_tokenizer(runner.bundle / runner.manifest.tokenizer["file"])
-        sources = [tokenizer.encode(s).ids for s, _ in heldout_pairs(bundle, n)]
+        sources = profile_sources(runner, tokenizer, n)
         params = SamplingParams(max_new_tokens=max_new, min_new_tokens=min_new, num_beams=num_beams,
                                 early_stopping=num_beams > 1)
         engine = offline(runner, tokenizer, max_batch_size=rows, max_waiting=len(sources), max_kv_tokens=1 << 30)
