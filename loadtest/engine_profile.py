@@ -22,6 +22,7 @@ from seqserve.engine.build import offline
 from seqserve.engine.request import Request, SamplingParams
 from seqserve.engine.runtime.device import RuntimeConfig
 from seqserve.engine.runtime.runner import Runner
+from seqserve.loadtest.hf_models import random_sources
 
 PARTS = (  # (part, substrings of the file or caller that put a function's time there), first match wins
     ("onnxruntime: decoder step", ("inplace_cache.py:run", "inplace_cache.py:_probe", "kv_cache.py:run")),
@@ -75,8 +76,6 @@ def profile_sources(runner: Runner, tokenizer, n: int) -> list[list[int]]:
     pairs = heldout_pairs(runner.bundle, n)
     if pairs:
         return [tokenizer.encode(s).ids for s, _ in pairs]
-    from seqserve.loadtest.hf_models import random_sources  # imports the exporter: only for imported bundles
-
     special = runner.manifest.special_tokens
     return random_sources(n, int(runner.manifest.model["vocab_size"]), {int(i) for i in special.values()},
                           int(special["eos_id"]), seed=0)

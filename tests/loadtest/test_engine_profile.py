@@ -5,7 +5,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from seqserve.loadtest.engine_profile import split
+from seqserve.loadtest.engine_profile import profile_sources, split
 
 RUN = ("~", 0, "<built-in method onnxruntime.capi.onnxruntime_pybind11_state.run_with_iobinding>")
 WRAPPER = ("/site-packages/onnxruntime/capi/onnxruntime_inference_collection.py", 538, "run_with_iobinding")
@@ -25,3 +25,14 @@ def test_onnxruntime_time_is_split_by_time_spent_not_by_calls():
     parts = split(stats)
     assert parts["onnxruntime: encoder"] == pytest.approx(0.801 / 1.01)
     assert parts["onnxruntime: decoder step"] == pytest.approx(0.209 / 1.01)
+
+
+def test_a_bundle_without_held_out_inputs_profiles_the_random_sources_bench_hf_decodes(tmp_path):
+    # An imported model's bundle has no heldout.tsv: before, the profile decoded nothing at all.
+    special = {"pad_id": 0, "eos_id": 1, "unk_id": 2, "decoder_start_id": 0}
+    runner = SimpleNamespace(bundle=tmp_path, manifest=SimpleNamespace(model={"vocab_size": 50},
+                                                                       special_tokens=special))
+    sources = profile_sources(runner, tokenizer=None, n=5)
+    assert len(sources) == 5 and all(s[-1] == 1 and len(s) == 16 for s in sources)
+    assert not {0, 1, 2} & {i for s in sources for i in s[:-1]}
+    assert len({tuple(s) for s in sources}) == 5
