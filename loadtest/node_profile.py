@@ -5,12 +5,13 @@
 
 The runner's decoder session is replaced, before the first step, by one with onnxruntime's profiling on; the engine
 then decodes the first n held-out inputs (batch-size requests at a time, each num_beams rows) and the profile's node
-events are summed by operator type.
+events are summed by operator type, and each node's median per step summed by operator type.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import tempfile
 from collections import defaultdict
 from pathlib import Path
@@ -26,8 +27,8 @@ from seqserve.loadtest.engine_profile import profile_sources
 
 
 def profile(bundle: str, variant: str, n: int, batch_size: int, max_new: int, min_new: int, num_beams: int,
-            threads: int) -> dict[str, float]:
-    """Milliseconds of decoder node time per operator type, largest first."""
+            threads: int) -> tuple[dict[str, float], dict[str, tuple[float, int]]]:
+    """Milliseconds of decoder node time per operator type, largest first; and per_step's medians."""
     rows = batch_size * num_beams
     runner = Runner(bundle, RuntimeConfig(device="cpu", intra_op_threads=threads, allow_spinning=False), variant,
                     capacity=rows, kv_cache="auto")
@@ -49,7 +50,21 @@ def profile(bundle: str, variant: str, n: int, batch_size: int, max_new: int, mi
     for e in events:
         if e.get("cat") == "Node" and e["name"].endswith("_kernel_time"):
             per_op[e["args"].get("op_name", "?")] += e["dur"] / 1e3  # microseconds
-    return dict(sorted(per_op.items(), key=lambda kv: -kv[1]))
+    return dict(sorted(per_op.items(), key=lambda kv: -kv[1])), per_step(events)
+
+
+def per_step(events: list[dict]) -> dict[str, tuple[float, int]]:
+    """Per decoder step, by operator type: (sum over its nodes of each node's median microseconds, nodes). A median
+    per node, so a node the machine's load preempted once does not count."""
+    durations: dict[tuple[str, str], list[float]] = defaultdict(list)
+    for e in events:
+        if e.get("cat") == "Node" and e["name"].endswith("_kernel_time"):
+            durations[e["args"].get("op_name", "?"), e["name"]].append(e["dur"])
+    out: dict[str, tuple[float, int]] = {}
+    for (op, _), d in durations.items():
+        us, nodes = out.get(op, (0.0, 0))
+        out[op] = (us + statistics.median(d), nodes + 1)
+    return dict(sorted(out.items(), key=lambda kv: -kv[1][0]))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -63,12 +78,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--num-beams", type=int, default=1)
     p.add_argument("--threads", type=int, default=1)
     args = p.parse_args(argv)
-    per_op = profile(args.bundle, args.variant, args.n, args.batch_size, args.max_new_tokens, args.min_new_tokens,
-                     args.num_beams, args.threads)
+    per_op, step = profile(args.bundle, args.variant, args.n, args.batch_size, args.max_new_tokens,
+                           args.min_new_tokens, args.num_beams, args.threads)
     total = sum(per_op.values())
     print(f"decoder node time {total:,.1f} ms ({args.variant})")
     for op, ms in per_op.items():
         print(f"{ms / total:7.1%}  {op}")
+    step_us = sum(us for us, _ in step.values())
+    print(f"per step, median per node: {step_us / 1e3:.2f} ms")
+    for op, (us, nodes) in step.items():
+        print(f"{us / step_us:7.1%}  {op}: {us / nodes:,.1f} us x {nodes} = {us / 1e3:.2f} ms")
     return 0
 
 
