@@ -72,7 +72,8 @@ class GenerationService(pb_grpc.GenerationServicer):
         going to outbox). defaults: the model's generation defaults, which options a request leaves unset take.
         Returns the model's earlier version it replaces (to drain), if any."""
         max_chars = limits.max_input_tokens * max(map(len, tokenizer.get_vocab())) * _CHARS_PER_TOKEN_SLACK
-        config = {k: config_value(v) for k, v in model.pop("config").items()}
+        # an option left unset (null: d_kv = d_model / n_heads) has no value to send, so it is left out
+        config = {k: config_value(v) for k, v in model.pop("config").items() if v is not None}
         info = pb.ModelInfo(limits=pb.Limits(**dataclasses.asdict(limits)), config=config,
                             option_ranges=option_ranges(), model=name, memory_bytes=memory_bytes, **model)
         metrics = self.metrics.for_model(name)

@@ -76,9 +76,12 @@ def test_model_info_config_values_are_typed(served):
     assert kinds["d_model"] == kinds["vocab_size"] == kinds["eos_id"] == "int_value"
     assert kinds["dropout"] == "double_value" and kinds["norm_first"] == "bool_value"
     manifest = served.model.manifest.model
+    unset = {k for k, v in manifest.items() if v is None}  # d_kv of a model whose heads split d_model
     with Client(served.address) as client:
         config = client.model_info()["config"]
-    assert config == manifest and all(type(config[k]) is type(v) for k, v in manifest.items())
+    set_ = {k: v for k, v in manifest.items() if k not in unset}
+    assert config == set_ and all(type(config[k]) is type(v) for k, v in set_.items())
+    assert not unset & set(config), "an unset option reached GetModelInfo"
 
 
 # -- the model's defaults (server/model_defaults.py) as unset fields: a set value wins, an error names a set field --
