@@ -47,11 +47,13 @@ def environ(pid: int) -> dict[str, str]:
     return {k: v for k, _, v in pairs}
 
 
-def until(condition, what: str, wait: float = WAIT) -> None:
+def until(condition, what: str, wait: float = WAIT):
+    """The condition's first true value, polled until `wait` seconds have passed."""
     deadline = time.monotonic() + wait
-    while not condition():
+    while not (value := condition()):
         assert time.monotonic() < deadline, f"not {what} within {wait} s"
-        time.sleep(0.05)
+        time.sleep(0.02)
+    return value
 
 
 def engine_address(engine_pid: int) -> str:

@@ -27,6 +27,7 @@ import pytest
 from grpc_harness import follow_log, request
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
+from serve_process import children, cmdline, until
 
 from seqserve.v1 import seqserve_pb2_grpc as pb_grpc
 
@@ -39,37 +40,11 @@ SERVING, NOT_SERVING = health_pb2.HealthCheckResponse.SERVING, health_pb2.Health
 ENGINE = "seqserve.engine.remote.engine_process"
 
 
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-    except OSError:
-        return ""
-
-
 def _gone(pid: int) -> bool:
     try:
         return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] in "ZX"  # reaped or a zombie
     except OSError:
         return True
-
-
-def _children(pid: int) -> list[int]:
-    """Every child, whichever thread started it (/proc lists them per thread)."""
-    found = []
-    for task in os.listdir(f"/proc/{pid}/task"):
-        try:
-            found += [int(c) for c in Path(f"/proc/{pid}/task/{task}/children").read_text().split()]
-        except OSError:  # the thread ended meanwhile
-            pass
-    return found
-
-
-def _until(condition, what: str, timeout: float = WAIT):
-    end = time.monotonic() + timeout
-    while not (value := condition()):
-        assert time.monotonic() < end, f"not {what} within {timeout} s"
-        time.sleep(0.02)
-    return value
 
 
 class Server:
@@ -91,11 +66,11 @@ class Server:
     def _started(self, front_ends: int) -> None:
         self.channel = None
         self.log, ports, listening = follow_log(self.proc)
-        _until(lambda: listening.is_set() or self.proc.poll() is not None, "serving")
+        until(lambda: listening.is_set() or self.proc.poll() is not None, "serving")
         assert self.proc.poll() is None, self.text
         self.port = ports[0]
         found = lambda: re.findall(r"metrics on 127\.0\.0\.1:(\d+)/metrics", self.text)  # noqa: E731
-        self.metrics_ports = [int(p) for p in _until(lambda: len(found()) == front_ends and found(), "every /metrics")]
+        self.metrics_ports = [int(p) for p in until(lambda: len(found()) == front_ends and found(), "every /metrics")]
         self.channel = grpc.insecure_channel(f"127.0.0.1:{self.port}")
         self.stub = pb_grpc.GenerationStub(self.channel)
         self.health_stub = health_pb2_grpc.HealthStub(self.channel)
@@ -107,9 +82,9 @@ class Server:
     def engine_pid(self) -> int:
         """The engine process serving now (waits for one)."""
         def find():
-            pids = [c for c in _children(self.proc.pid) if ENGINE in _cmdline(c) and not _gone(c)]
+            pids = [c for c in children(self.proc.pid) if ENGINE in cmdline(c) and not _gone(c)]
             return pids[0] if len(pids) == 1 else None
-        return _until(find, "one engine process")
+        return until(find, "one engine process")
 
     def health(self, service: str = HEALTH_NAME) -> int:
         return self.health_stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=10).status
@@ -127,7 +102,7 @@ class Server:
         if self.channel is not None:
             self.channel.close()
         if self.proc.poll() is None:
-            for child in _children(self.proc.pid):
+            for child in children(self.proc.pid):
                 os.kill(child, signal.SIGKILL)
             self.proc.kill()
         self.proc.wait(WAIT)
@@ -168,7 +143,7 @@ def test_a_stopped_engine_keeps_the_queue_limit(serve, source):
     os.kill(pid, signal.SIGSTOP)
     try:
         calls = [s.stub.Generate.future(request(source, max_new_tokens=4), timeout=WAIT) for _ in range(40)]
-        _until(lambda: sum(c.done() for c in calls) >= 34, "34 calls answered while the engine is stopped")
+        until(lambda: sum(c.done() for c in calls) >= 34, "34 calls answered while the engine is stopped")
         refused = [c for c in calls if c.done()]
         assert len(refused) == 34 and {_code(c) for c in refused} == {grpc.StatusCode.RESOURCE_EXHAUSTED}
         assert "max_batch_size + max_waiting" in refused[0].exception().details()
@@ -176,7 +151,7 @@ def test_a_stopped_engine_keeps_the_queue_limit(serve, source):
     finally:
         os.kill(pid, signal.SIGCONT)
     held = [c for c in calls if c not in refused]
-    _until(lambda: all(c.done() for c in held), "the held calls answered once the engine goes on")
+    until(lambda: all(c.done() for c in held), "the held calls answered once the engine goes on")
     codes = [_code(c) for c in held]  # the engine refuses what its own queue cannot take when it reads them all
     assert set(codes) <= {grpc.StatusCode.OK, grpc.StatusCode.RESOURCE_EXHAUSTED}
     assert codes.count(grpc.StatusCode.OK) >= 4, codes
@@ -193,7 +168,7 @@ def test_a_silent_engine_is_not_ready_then_killed_and_restarted(serve, source):
     with ThreadPoolExecutor(2) as pool:
         undeadlined = [pool.submit(s.stub.Generate, request(source, **LONG)) for _ in range(2)]  # no deadline
         _every_call_held(s, 2, source)  # before the bound: they arrived while the model was ready
-        _until(lambda: s.health() == NOT_SERVING, "NOT_SERVING")
+        until(lambda: s.health() == NOT_SERVING, "NOT_SERVING")
         assert s.metric("seqserve_model_ready", model=MODEL) == 0
         assert s.health("") == SERVING  # the server itself serves: only this model's engine is silent
         with pytest.raises(grpc.RpcError) as refused:
@@ -204,8 +179,8 @@ def test_a_silent_engine_is_not_ready_then_killed_and_restarted(serve, source):
                 call.result(WAIT)
             assert ended.value.code() == grpc.StatusCode.UNAVAILABLE
             assert "restarted" in ended.value.details() and "retried" in ended.value.details(), ended.value.details()
-    assert _until(lambda: _gone(pid), "the silent engine killed")
-    _until(lambda: s.health() == SERVING, "SERVING again")
+    assert until(lambda: _gone(pid), "the silent engine killed")
+    until(lambda: s.health() == SERVING, "SERVING again")
     assert s.engine_pid() != pid
     assert s.metric("seqserve_engine_restarts_total", model=MODEL, cause="hung") == 1
     assert s.metric("seqserve_model_ready", model=MODEL) == 1
@@ -216,7 +191,7 @@ def test_a_silent_engine_is_not_ready_then_killed_and_restarted(serve, source):
 def _stop_the_next_engine(s: Server, old: int) -> int:
     """The engine started after `old` died, stopped before it could say HELLO: it has not mapped onnxruntime yet,
     and it loads its model (onnxruntime) before it says HELLO. None if it was already further."""
-    pid = _until(lambda: (p := s.engine_pid()) != old and p, "a new engine process")
+    pid = until(lambda: (p := s.engine_pid()) != old and p, "a new engine process")
     os.kill(pid, signal.SIGSTOP)
     if "onnxruntime_pybind11_state" in Path(f"/proc/{pid}/maps").read_text():
         os.kill(pid, signal.SIGCONT)
@@ -233,7 +208,7 @@ def test_a_killed_engine_leaves_its_model_not_ready_until_its_successor_serves(s
         old = s.engine_pid()
         os.kill(old, signal.SIGSTOP)
         held = s.stub.Generate.future(request(source, **LONG), timeout=WAIT)
-        _until(lambda: s.metric("seqserve_inflight_request_bytes") > 0, "the call in flight")
+        until(lambda: s.metric("seqserve_inflight_request_bytes") > 0, "the call in flight")
         os.kill(old, signal.SIGKILL)
         with pytest.raises(grpc.RpcError) as ended:
             held.result(WAIT)
@@ -241,11 +216,11 @@ def test_a_killed_engine_leaves_its_model_not_ready_until_its_successor_serves(s
         assert "was killed by a signal" in ended.value.details() and "restarted" in ended.value.details()
         if (new := _stop_the_next_engine(s, old)) is not None:
             break
-        _until(lambda: s.health() == SERVING, "SERVING again")
+        until(lambda: s.health() == SERVING, "SERVING again")
     else:
         pytest.fail("the new engine was never caught before its HELLO")
     try:
-        _until(lambda: s.health() == NOT_SERVING, "NOT_SERVING during the restart")
+        until(lambda: s.health() == NOT_SERVING, "NOT_SERVING during the restart")
         assert s.metric("seqserve_model_ready", model=MODEL) == 0
         assert s.metric("seqserve_engine_restarts_total", model=MODEL, cause="killed") == attempt
         with pytest.raises(grpc.RpcError) as refused:
@@ -255,14 +230,14 @@ def test_a_killed_engine_leaves_its_model_not_ready_until_its_successor_serves(s
         assert "the server stopped" not in refused.value.details()
     finally:
         os.kill(new, signal.SIGCONT)
-    _until(lambda: s.health() == SERVING, "SERVING once the new engine serves")
+    until(lambda: s.health() == SERVING, "SERVING once the new engine serves")
     assert s.metric("seqserve_model_ready", model=MODEL) == 1
     assert s.stub.Generate(request(source), timeout=WAIT).token_ids
 
 
 def _every_call_held(s: Server, calls: int, text: str) -> None:
     size = request(text, **LONG).ByteSize()
-    _until(lambda: s.metric("seqserve_inflight_request_bytes") == calls * size, f"{calls} calls in flight")
+    until(lambda: s.metric("seqserve_inflight_request_bytes") == calls * size, f"{calls} calls in flight")
 
 
 @pytest.mark.parametrize("how, front_ends", [("SIGINT to the group", 1), ("SIGTERM to every process", 1),
@@ -286,7 +261,7 @@ def test_a_signal_to_the_whole_group_drains_as_one_to_the_server(serve, source, 
             else:
                 for target in (s.proc.pid, pid):
                     os.kill(target, signal.SIGTERM)
-            _until(lambda: "draining" in s.text, "the drain")
+            until(lambda: "draining" in s.text, "the drain")
         finally:
             os.kill(pid, signal.SIGCONT)  # a signal it ignores is dropped, not delivered now
         answers = [c.result(WAIT) for c in calls]
@@ -294,7 +269,7 @@ def test_a_signal_to_the_whole_group_drains_as_one_to_the_server(serve, source, 
         c.close()
     assert all(len(a.token_ids) == LONG["max_new_tokens"] for a in answers)
     assert s.proc.wait(WAIT) == 0, s.text
-    _until(lambda: re.search(r" seqserve: stopped$", s.text, re.M), "the server's last log line")
+    until(lambda: re.search(r" seqserve: stopped$", s.text, re.M), "the server's last log line")
     assert "Traceback" not in s.text and "KeyboardInterrupt" not in s.text, s.text
     assert "restarting it" not in s.text and "starting it again" not in s.text and _gone(pid), s.text
 
@@ -319,4 +294,4 @@ def test_a_drain_with_a_stopped_engine_ends_within_its_bound(serve, source):
             assert ended.value.code() == grpc.StatusCode.UNAVAILABLE
     assert code == 0, s.text
     assert took < grace + backlog + 6.0, f"the drain took {took:.1f} s"  # without the bound: 2 + 5 + 1 + 1 + 15 s
-    assert _until(lambda: _gone(pid), "the stopped engine killed")
+    assert until(lambda: _gone(pid), "the stopped engine killed")
