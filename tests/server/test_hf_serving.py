@@ -108,14 +108,19 @@ def test_greedy_token_ids_and_text_equal_transformers(family, sentences):
         assert all(r.token_ids[0] == generation.forced_bos_token_id for r in served)
 
 
-def test_beam_4_n_best_equals_transformers(family, sentences):
-    name, _, server, model, tok = family
-    served = _served(server, sentences, num_beams=4, num_return_sequences=4, max_new_tokens=MAX_NEW)
+def _beam_4_n_best_equals_transformers(server, model, tok, sentences, max_new: int) -> None:
+    """Served beam-4 n-best ids and texts equal transformers' generate and decode (the T5 tests share this)."""
+    served = _served(server, sentences, num_beams=4, num_return_sequences=4, max_new_tokens=max_new)
     for text, got in zip(sentences, served):
-        want = _hf(model, tok(text).input_ids, num_beams=4, num_return_sequences=4, max_new_tokens=MAX_NEW,
+        want = _hf(model, tok(text).input_ids, num_beams=4, num_return_sequences=4, max_new_tokens=max_new,
                    do_sample=False)
         assert [list(s.token_ids) for s in got.sequences] == want, text
         assert [s.text for s in got.sequences] == [tok.decode(w, skip_special_tokens=True) for w in want]
+
+
+def test_beam_4_n_best_equals_transformers(family, sentences):
+    name, _, server, model, tok = family
+    _beam_4_n_best_equals_transformers(server, model, tok, sentences, MAX_NEW)
 
 
 def test_the_models_generation_defaults_are_served_and_shown(family, sentences):

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from grpc_harness import Served
 from row_alone import Alone
-from test_hf_serving import _hf, _served
+from test_hf_serving import _beam_4_n_best_equals_transformers, _hf, _served
 
 from seqserve.cli.main import main
 from seqserve.contract import names
@@ -84,12 +84,7 @@ def test_greedy_token_ids_and_text_equal_transformers(family, sentences):
 
 def test_beam_4_n_best_equals_transformers(family, sentences):
     _, _, _, server, model, tok = family
-    served = _served(server, sentences, num_beams=4, num_return_sequences=4, max_new_tokens=MAX_NEW)
-    for text, got in zip(sentences, served):
-        want = _hf(model, tok(text).input_ids, num_beams=4, num_return_sequences=4, max_new_tokens=MAX_NEW,
-                   do_sample=False)
-        assert [list(s.token_ids) for s in got.sequences] == want, text
-        assert [s.text for s in got.sequences] == [tok.decode(w, skip_special_tokens=True) for w in want]
+    _beam_4_n_best_equals_transformers(server, model, tok, sentences, MAX_NEW)
 
 
 def test_defaults_explicit_options_and_task_prefixes(family, sentences):
