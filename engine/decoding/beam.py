@@ -30,6 +30,7 @@ from seqserve.contract import names
 from seqserve.contract.scoring import score
 from seqserve.engine.decoding.nbest import BeamResult, NBest
 from seqserve.engine.decoding.rule import Rows
+from seqserve.engine.decoding.rule_renormalize import log_normaliser
 from seqserve.engine.decoding.token_rules import TokenRules
 from seqserve.engine.decoding.top_k import best as _best
 from seqserve.engine.decoding.top_k import candidates as _candidates
@@ -81,9 +82,9 @@ class Beams:
                     self._logprob, self._tops, self._n_finished, self._worst)
         self.nbest = NBest(eos_id)  # each request's finished hypotheses
         self._n_top = 0  # running requests that ask for top_logprobs (their rows cost a loop each)
-        # (R, V) float32 and float64 scratch, grown to the most beam rows seen: a fresh (R, V) array per step cost
-        # more in page faults than the copy itself
-        self._scratch = (np.empty((0, 0), np.float32), np.empty((0, 0), np.float64))
+        # (R, V) float32 scratch, grown to the most beam rows seen: a fresh (R, V) array per step cost more in page
+        # faults than the copy itself
+        self._scratch = (np.empty((0, 0), np.float32), np.empty((0, 0), np.float32))
 
     def admit(self, requests: list[Request]) -> None:
         """Requests with n_rows > 1 that the runner has just admitted (their rows are placed): one live beam each."""
@@ -101,8 +102,8 @@ class Beams:
                acting: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The rows' log-probabilities (R, V) float64 after the token rules, as (raw, top, log_z) with top = log_z =
         0, so the selection below reads them unchanged."""
-        lp = np.subtract(raw, top, out=self._buffers(raw.shape[0], raw.shape[1])[1], dtype=np.float64)  # (R, V)
-        lp -= log_z[:, None]  # in the float64 scratch (log_z is computed already)
+        lp = np.subtract(raw, top, dtype=np.float64)  # (R, V) (a step with a forced token or top_logprobs only)
+        lp -= log_z[:, None]
         self.rules.apply(lp, rows, acting=acting)
         return lp, np.zeros_like(top), np.zeros_like(log_z)
 
@@ -128,15 +129,19 @@ class Beams:
         """(idx (R, k) each beam's best ids, ascending; lp (R, k) their float64 log-probabilities; the top_logprobs
         alternatives by row index, the model's distribution before any rule) from the logits, after the token rules
         (on log-probabilities, as transformers' beam search applies its processors)."""
-        narrow, wide = self._buffers(rows.size, logits.shape[1])
+        narrow, exps = self._buffers(rows.size, logits.shape[1])
         raw = np.take(logits, rows, axis=0, out=narrow, mode="clip")  # (R, V) float32, a copy (rows are in range)
-        top = raw.max(axis=1, keepdims=True).astype(np.float64)  # (R, 1)
-        e = np.subtract(raw, top, out=wide, dtype=np.float64)  # (R, V) x - max in float64, as sampling.log_softmax
-        log_z = np.log(np.exp(e, out=e).sum(axis=1))  # (R,) the model's distribution, before the rules
+        ruled = Rows.of(self.runner.slots, rows, logprobs=True)
+        acting = self.rules.acting(ruled)
+        renormalised = not self._n_top and self.rules.masks_then_renormalize(acting)
+        if renormalised:  # log_softmax(masked logits) is renormalize(mask(log_softmax)): one normaliser, no float64
+            self.rules.apply(raw, ruled, acting=acting[:-1])
+        top32 = raw.max(axis=1, keepdims=True)  # (R, 1)
+        top = top32.astype(np.float64)
+        log_z = log_normaliser(np.subtract(raw, top32, out=exps), out=exps)[:, 0]  # (R,) as sampling.log_softmax
         tops = {i: top_alternatives(_shifted(raw, top, i) - log_z[i], int(self._top_n[rows[i]]))
                 for i in np.flatnonzero(self._top_n[rows]).tolist()} if self._n_top else {}
-        ruled = Rows.of(self.runner.slots, rows, logprobs=True)
-        if acting := self.rules.acting(ruled):
+        if acting and not renormalised:
             if self.rules.masks_only(acting):  # bans alone: on the float32 logits, the same -inf (no float64 copy)
                 self.rules.apply(raw, ruled, acting=acting)
             else:
@@ -146,11 +151,12 @@ class Beams:
         return idx, lp, tops
 
     def _buffers(self, n: int, vocab: int) -> tuple[np.ndarray, np.ndarray]:
-        """(n, vocab) float32 and float64 views of the scratch arrays, which grow when n rows do not fit."""
-        narrow, wide = self._scratch
-        if narrow.shape[0] < n or narrow.shape[1] != vocab:
-            self._scratch = narrow, wide = np.empty((n, vocab), np.float32), np.empty((n, vocab), np.float64)
-        return narrow[:n], wide[:n]
+        """(n, vocab) float32 views of the two scratch arrays (the rows' logits, their exponentials), which grow when
+        n rows do not fit."""
+        raw, exps = self._scratch
+        if raw.shape[0] < n or raw.shape[1] != vocab:
+            self._scratch = raw, exps = np.empty((n, vocab), np.float32), np.empty((n, vocab), np.float32)
+        return raw[:n], exps[:n]
 
     def advance(self, logits: np.ndarray | StepOutput) -> list[BeamResult]:
         """One step for every beam request: select, reorder the caches by index, append the chosen tokens.

@@ -9,10 +9,25 @@ from seqserve.engine.decoding.rule import Rows
 
 
 def log_softmax(x: np.ndarray) -> np.ndarray:
-    """(..., V) -> log-probabilities in float64 (numerically stable)."""
+    """(..., V) -> log-probabilities in float64: x - max in float64 (exact for float32 logits), minus the log of the
+    normaliser, whose exponentials are float32 as transformers' own log_softmax (Beams computes the same values)."""
+    x = x.astype(np.float64)
+    x -= x.max(axis=-1, keepdims=True)
+    return x - log_normaliser(x.astype(np.float32))
+
+
+def _log_softmax64(x: np.ndarray) -> np.ndarray:
+    """(..., V) -> log-probabilities, all in float64 (scores that a rule has changed already)."""
     x = x.astype(np.float64)
     x -= x.max(axis=-1, keepdims=True)
     return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
+
+
+def log_normaliser(shifted: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """(..., V) float32 x - max -> (..., 1) float64 log(sum(exp)): float32 exponentials summed in float32 (a float64
+    exp over 32k words cost a beam step a fifth of its time); out: a float32 scratch for the exponentials."""
+    e = np.exp(shifted, out=out)
+    return np.log(e.sum(axis=-1, keepdims=True).astype(np.float64))
 
 
 class Renormalize:
@@ -23,8 +38,8 @@ class Renormalize:
         return np.full(len(rows), rows.logprobs)
 
     def apply(self, scores: np.ndarray, rows: Rows, on: np.ndarray) -> None:
-        if on.all() and scores.dtype == np.float64:  # the beam step's rows: in place, log_softmax's same operations
+        if on.all() and scores.dtype == np.float64:  # the beam step's rows (a forced token's step): in place
             scores -= scores.max(axis=-1, keepdims=True)
             scores -= np.log(np.exp(scores).sum(axis=-1, keepdims=True))
         else:
-            scores[on] = log_softmax(scores[on])
+            scores[on] = _log_softmax64(scores[on])

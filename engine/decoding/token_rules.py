@@ -79,3 +79,10 @@ class TokenRules:
     def masks_only(acting: list[tuple[TokenRule, np.ndarray]]) -> bool:
         """Whether every acting rule only bans ids (-inf), which acts alike on logits and on log-probabilities."""
         return all(rule.masks for rule, _ in acting)
+
+    @staticmethod
+    def masks_then_renormalize(acting: list[tuple[TokenRule, np.ndarray]]) -> bool:
+        """Whether the acting rules are bans, then renormalize_logits on every row (an imported Marian's beam step):
+        log_softmax of the banned logits gives the same log-probabilities."""
+        return (bool(acting) and isinstance(acting[-1][0], Renormalize) and bool(acting[-1][1].all())
+                and TokenRules.masks_only(acting[:-1]))

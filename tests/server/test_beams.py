@@ -15,6 +15,7 @@ import torch
 
 from seqserve.engine.decoding.beam import Beams
 from seqserve.engine.decoding.sampling import log_softmax
+from seqserve.engine.decoding.token_rules import TokenRules
 from seqserve.engine.request import Request, SamplingParams
 from seqserve.engine.runtime.device import RuntimeConfig
 from seqserve.engine.runtime.runner import Runner
@@ -116,3 +117,37 @@ def test_every_request_in_a_changing_batch_gets_the_references_n_best(tiny_bundl
     assert cancelled.id not in results  # it left before it could end
     runner.retire([r.id for r in ended])
     assert runner.slots.n_live == 0 and not beams.owns().any()
+
+
+@pytest.mark.parametrize("min_new", [0, 3])
+def test_a_step_with_bans_and_renormalize_gives_transformers_log_probabilities(tiny_bundle, min_new, monkeypatch):
+    """An imported Marian's every beam step (bad_words_ids, min_new_tokens, renormalize_logits): the beams' best ids
+    and log-probabilities are those of transformers' own processors on torch's log_softmax of the same logits,
+    computed as one log_softmax of the banned logits (never the rule-by-rule float64 pass)."""
+    from transformers.generation.logits_process import (LogitNormalization, MinNewTokensLengthLogitsProcessor,
+                                                        NoBadWordsLogitsProcessor)
+
+    runner = Runner(tiny_bundle, RuntimeConfig(device="cpu", intra_op_threads=1), capacity=8)
+    vocab, special = runner.manifest.model["vocab_size"], runner.manifest.special_tokens
+    eos, banned = special["eos_id"], 7
+    rules = TokenRules.for_model({"bad_words_ids": [banned], "renormalize_logits": True}, special)
+    beams = Beams(runner, eos, rules)
+    request = Request(input_ids=[5, 6, eos], params=SamplingParams(num_beams=3, min_new_tokens=min_new))
+    cross, _ = runner.encode([request.id], [request.input_ids])
+    runner.admit(Joining.of([request]), [cross[request.id]] * request.n_rows)
+    beams.admit([request])
+    runner.step()
+    logits = np.random.default_rng(min_new).normal(0.0, 3.0, (runner.slots.hi, vocab)).astype(np.float32)
+    logits[:, banned] = logits.max() + 1.0  # the banned id would win every row
+    rows = np.flatnonzero(beams.owns())
+    monkeypatch.setattr(beams, "_ruled", None)  # the rule-by-rule pass would be called here
+    idx, lp, _ = beams._from_logits(logits, rows, 6)
+    processors = [NoBadWordsLogitsProcessor([[banned]], eos), MinNewTokensLengthLogitsProcessor(1, min_new, eos),
+                  LogitNormalization()]
+    want = torch.log_softmax(torch.from_numpy(logits[rows]), dim=-1)
+    for processor in processors:
+        want = processor(torch.ones((rows.size, 1), dtype=torch.long), want)
+    want = want.double().numpy()
+    assert idx.tolist() == np.sort(np.argsort(-want, axis=1, kind="stable")[:, :6], axis=1).tolist()
+    np.testing.assert_allclose(lp, np.take_along_axis(want, idx, 1), rtol=0, atol=1e-6)
+    assert not np.isin(idx, [banned] + ([eos] if min_new else [])).any()
