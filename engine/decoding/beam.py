@@ -130,8 +130,11 @@ class Beams:
         alternatives by row index, the model's distribution before any rule) from the logits, after the token rules
         (on log-probabilities, as transformers' beam search applies its processors)."""
         narrow, exps = self._buffers(rows.size, logits.shape[1])
-        raw = np.take(logits, rows, axis=0, out=narrow, mode="clip")  # (R, V) float32, a copy (rows are in range)
-        ruled = Rows.of(self.runner.slots, rows, logprobs=True)
+        whole = not self._n_top and rows.size == logits.shape[0]  # every row a beam's: the step's own logits, no copy
+        # (R, V) float32: rows in slot order (whole; the rules may change the step's logits, which no one reads after
+        # the deciders), else a copy in `rows` order
+        raw = logits if whole else np.take(logits, rows, axis=0, out=narrow, mode="clip")
+        ruled = Rows.of(self.runner.slots, rows.size if whole else rows, logprobs=True)
         acting = self.rules.acting(ruled)
         renormalised = not self._n_top and self.rules.masks_then_renormalize(acting)
         if renormalised:  # log_softmax(masked logits) is renormalize(mask(log_softmax)): one normaliser, no float64
@@ -148,7 +151,7 @@ class Beams:
                 raw, top, log_z = self._ruled(raw, top, log_z, ruled, acting)
         idx = _top_tokens(raw, top, k)  # (R, k) each beam's best, ascending
         lp = _shifted(raw, top, np.arange(rows.size)[:, None], idx) - log_z[:, None]  # (R, k)
-        return idx, lp, tops
+        return (idx[rows], lp[rows], tops) if whole else (idx, lp, tops)
 
     def _buffers(self, n: int, vocab: int) -> tuple[np.ndarray, np.ndarray]:
         """(n, vocab) float32 views of the two scratch arrays (the rows' logits, their exponentials), which grow when

@@ -3,7 +3,8 @@
 A rule changes scores (rows, vocab) in place: the logits of greedy and sampled rows, or a beam's log-probabilities.
 `acts` says which rows it changes this step (a vector operation, no Python per row), `apply` changes exactly those.
 `host` says whether a row it acts on needs the step's logits on the host (engine/step_output.py): a rule that could
-run in the graph would say False. `masks` says it only bans ids (-inf), the same on logits and log-probabilities.
+run in the graph would say False. `masks` says it only bans ids (-inf), the same on logits and log-probabilities;
+`forces` that it leaves one id per row at 0 and bans the rest, which renormalize_logits then leaves as they are.
 engine/decoding/token_rules.py keeps the rules in their one order.
 """
 from __future__ import annotations
@@ -55,6 +56,7 @@ class Rows:
 class TokenRule(Protocol):
     host: bool  # a row it acts on needs the host logits
     masks: bool  # it only sets scores to -inf, so it acts alike on logits and on log-probabilities
+    forces: bool  # it sets one id to 0 and every other to -inf (on logits too, once renormalised)
 
     def acts(self, rows: Rows) -> np.ndarray:
         """(n,) bool: the rows this rule changes this step."""

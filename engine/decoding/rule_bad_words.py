@@ -14,6 +14,7 @@ class BadWords:
     ids: tuple[int, ...]
     host = True
     masks = True
+    forces = False
 
     def acts(self, rows: Rows) -> np.ndarray:
         return np.ones(len(rows), bool)

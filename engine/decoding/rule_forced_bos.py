@@ -15,6 +15,7 @@ class ForcedBOS:
     token: int | None  # the model's forced first token (None: only rows with their own)
     host = True
     masks = False
+    forces = True
 
     def acts(self, rows: Rows) -> np.ndarray:
         starting = rows.length == 0

@@ -14,6 +14,7 @@ class ForcedEOS:
     token: int
     host = True
     masks = False
+    forces = True
 
     def acts(self, rows: Rows) -> np.ndarray:
         return rows.length + 1 == rows.max_new

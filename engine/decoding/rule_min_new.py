@@ -14,6 +14,7 @@ class MinNewTokens:
     eos_id: int
     host = True
     masks = True
+    forces = False
 
     def acts(self, rows: Rows) -> np.ndarray:
         return rows.length < rows.min_new

@@ -14,6 +14,7 @@ class NeverSampled:
     ids: np.ndarray  # (K,) int64
     host = True
     masks = True
+    forces = False
 
     @staticmethod
     def ids_for(special: dict, forced_bos: int | None = None, banned: tuple[int, ...] = ()) -> np.ndarray:

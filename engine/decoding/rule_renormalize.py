@@ -33,6 +33,7 @@ def log_normaliser(shifted: np.ndarray, out: np.ndarray | None = None) -> np.nda
 class Renormalize:
     host = False
     masks = False
+    forces = False
 
     def acts(self, rows: Rows) -> np.ndarray:
         return np.full(len(rows), rows.logprobs)

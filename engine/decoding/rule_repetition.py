@@ -11,6 +11,7 @@ from seqserve.engine.decoding.rule import Rows
 class RepetitionPenalty:
     host = True
     masks = False
+    forces = False
 
     def acts(self, rows: Rows) -> np.ndarray:
         return (rows.penalty != 1.0) & (rows.length > 0)

@@ -82,7 +82,7 @@ class TokenRules:
 
     @staticmethod
     def masks_then_renormalize(acting: list[tuple[TokenRule, np.ndarray]]) -> bool:
-        """Whether the acting rules are bans, then renormalize_logits on every row (an imported Marian's beam step):
-        log_softmax of the banned logits gives the same log-probabilities."""
+        """Whether the acting rules are bans and forced tokens, then renormalize_logits on every row (an imported
+        Marian's beam step): log_softmax of the logits they changed gives the same log-probabilities."""
         return (bool(acting) and isinstance(acting[-1][0], Renormalize) and bool(acting[-1][1].all())
-                and TokenRules.masks_only(acting[:-1]))
+                and all(rule.masks or rule.forces for rule, _ in acting[:-1]))

@@ -119,20 +119,24 @@ def test_every_request_in_a_changing_batch_gets_the_references_n_best(tiny_bundl
     assert runner.slots.n_live == 0 and not beams.owns().any()
 
 
-@pytest.mark.parametrize("min_new", [0, 3])
-def test_a_step_with_bans_and_renormalize_gives_transformers_log_probabilities(tiny_bundle, min_new, monkeypatch):
-    """An imported Marian's every beam step (bad_words_ids, min_new_tokens, renormalize_logits): the beams' best ids
-    and log-probabilities are those of transformers' own processors on torch's log_softmax of the same logits,
-    computed as one log_softmax of the banned logits (never the rule-by-rule float64 pass)."""
-    from transformers.generation.logits_process import (LogitNormalization, MinNewTokensLengthLogitsProcessor,
-                                                        NoBadWordsLogitsProcessor)
+@pytest.mark.parametrize(("min_new", "max_new"), [(0, 20), (3, 20), (0, 1)])
+def test_a_step_with_bans_and_renormalize_gives_transformers_log_probabilities(tiny_bundle, min_new, max_new,
+                                                                              monkeypatch):
+    """An imported Marian's beam steps (bad_words_ids, min_new_tokens, forced_eos_token_id at the last step,
+    renormalize_logits): the beams' best ids and log-probabilities are those of transformers' own processors on
+    torch's log_softmax of the same logits, computed as one log_softmax of the changed logits (never the rule-by-rule
+    float64 pass)."""
+    from transformers.generation.logits_process import (ForcedEOSTokenLogitsProcessor, LogitNormalization,
+                                                        MinNewTokensLengthLogitsProcessor, NoBadWordsLogitsProcessor)
 
     runner = Runner(tiny_bundle, RuntimeConfig(device="cpu", intra_op_threads=1), capacity=8)
     vocab, special = runner.manifest.model["vocab_size"], runner.manifest.special_tokens
     eos, banned = special["eos_id"], 7
-    rules = TokenRules.for_model({"bad_words_ids": [banned], "renormalize_logits": True}, special)
+    rules = TokenRules.for_model({"bad_words_ids": [banned], "forced_eos_token_id": eos, "renormalize_logits": True},
+                                 special)
     beams = Beams(runner, eos, rules)
-    request = Request(input_ids=[5, 6, eos], params=SamplingParams(num_beams=3, min_new_tokens=min_new))
+    request = Request(input_ids=[5, 6, eos], params=SamplingParams(num_beams=3, min_new_tokens=min_new,
+                                                                             max_new_tokens=max_new))
     cross, _ = runner.encode([request.id], [request.input_ids])
     runner.admit(Joining.of([request]), [cross[request.id]] * request.n_rows)
     beams.admit([request])
@@ -143,11 +147,14 @@ def test_a_step_with_bans_and_renormalize_gives_transformers_log_probabilities(t
     monkeypatch.setattr(beams, "_ruled", None)  # the rule-by-rule pass would be called here
     idx, lp, _ = beams._from_logits(logits, rows, 6)
     processors = [NoBadWordsLogitsProcessor([[banned]], eos), MinNewTokensLengthLogitsProcessor(1, min_new, eos),
-                  LogitNormalization()]
+                  ForcedEOSTokenLogitsProcessor(1 + max_new, eos), LogitNormalization()]
     want = torch.log_softmax(torch.from_numpy(logits[rows]), dim=-1)
     for processor in processors:
         want = processor(torch.ones((rows.size, 1), dtype=torch.long), want)
     want = want.double().numpy()
     assert idx.tolist() == np.sort(np.argsort(-want, axis=1, kind="stable")[:, :6], axis=1).tolist()
     np.testing.assert_allclose(lp, np.take_along_axis(want, idx, 1), rtol=0, atol=1e-6)
-    assert not np.isin(idx, [banned] + ([eos] if min_new else [])).any()
+    finite = np.isfinite(lp)
+    if max_new == 1:  # the forced end token alone, at log-probability 0
+        assert (finite.sum(axis=1) == 1).all() and (idx[finite] == eos).all() and (lp[finite] == 0.0).all()
+    assert not np.isin(idx[finite], [banned] + ([eos] if min_new else [])).any()

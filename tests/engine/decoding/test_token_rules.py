@@ -166,6 +166,7 @@ class BanOne:
     token: int
     host = True
     masks = True
+    forces = False
 
     def acts(self, at: Rows) -> np.ndarray:
         return np.ones(len(at), bool)
