@@ -2,12 +2,13 @@
 with onnx.helper (not traced), so every node is chosen: com.microsoft contrib ops that onnxruntime runs fused.
 
 Per layer, for a (batch, 1, d_model) step:
-    self-attention   MatMul(packed QKV) + Add -> GroupQueryAttention -> MatMul(W^O) -> SkipLayerNormalization
-    cross-attention  MatMul(W^Q) -> MultiHeadAttention(Q bias, cross K/V in BNSH, source mask) -> MatMul -> SkipLN
-    feed-forward     MatMul + Add -> Relu | Gelu | FastGelu | Sigmoid * x (x gate MatMul) -> MatMul -> SkipLN
-SkipLayerNormalization (SkipSimplifiedLayerNormalization for T5's RMS norm) takes the output projection's bias and
-the residual: LN(x + sublayer + b) (post-LN), or with the *next* LayerNorm's weights and its sum output as the new
-residual stream (pre-LN), so norms cost no extra node.
+    self-attention   MatMul(packed QKV) + Add -> GroupQueryAttention -> MatMul(W^O) -> skip norm
+    cross-attention  MatMul(W^Q) -> MultiHeadAttention(Q bias, cross K/V in BNSH, source mask) -> MatMul -> skip norm
+    feed-forward     MatMul + Add -> Relu | Gelu | FastGelu | Sigmoid * x (x gate MatMul) -> MatMul -> skip norm
+The skip norm takes the output projection's bias and the residual: LN(x + sublayer + b) (post-LN), or the *next*
+LayerNorm with the sum as the new residual stream (pre-LN). It is Add + LayerNormalization (onnxruntime's CUDA
+provider fuses them into SkipLayerNormalization at load; on the CPU that fusion is off, engine/runtime/device.py),
+or SkipSimplifiedLayerNormalization for T5's RMS norm.
 
 GroupQueryAttention (kv_num_heads = num_heads) writes row b's new K/V at column past_sequence_lengths[b] of its
 past buffer and attends to columns [0, past_sequence_lengths[b]]. When present.* is bound to the same memory as
@@ -32,7 +33,7 @@ from seqserve.model.config import LN_EPSILON, MASK_FILL
 from seqserve.model.transformer import Transformer
 
 MS_DOMAIN, MS_OPSET = "com.microsoft", 1
-CONTRIB_OPS = ("GroupQueryAttention", "MultiHeadAttention", "SkipLayerNormalization")  # in every decoder_inplace
+CONTRIB_OPS = ("GroupQueryAttention", "MultiHeadAttention")  # in every decoder_inplace
 GELU, FAST_GELU = "Gelu", "FastGelu"  # com.microsoft: a gelu (erf) or gelu_tanh model's activation
 SKIP_RMS = "SkipSimplifiedLayerNormalization"  # com.microsoft: SkipLayerNormalization's RMS form (T5)
 
@@ -70,18 +71,26 @@ class _Builder:
 
     def skip_norm(self, sublayer: str, residual: str, bias: torch.Tensor | None, norm: torch.nn.Module, name: str,
                   want_sum: bool) -> tuple[str, str | None]:
-        """(LN(sublayer + residual + bias), the un-normalised sum if wanted) in one SkipLayerNormalization (its RMS
-        form for an RMS norm, which has no beta; a bias-free model has no skip bias)."""
+        """(LN(residual + (sublayer + bias)), the un-normalised sum if wanted): Add nodes and a LayerNormalization,
+        or one SkipSimplifiedLayerNormalization for an RMS norm (no beta; a bias-free model has no skip bias).
+        onnxruntime's CPU SkipLayerNormalization took 5x the time of Add + LayerNormalization (docs/benchmarks.md),
+        so a LayerNorm model's graph leaves the fusion to the provider: CUDA fuses them at load, the CPU does not."""
         rms = not hasattr(norm, "bias")
+        if not rms:
+            if bias is not None:
+                (sublayer,) = self.op("Add", [sublayer, self.const(f"{name}.skip_bias", _np(bias))])
+            (total,) = self.op("Add", [residual, sublayer])
+            (normed,) = self.op("LayerNormalization", [total, self.const(f"{name}.gamma", _np(norm.weight)),
+                                                       self.const(f"{name}.beta", _np(norm.bias))], axis=-1,
+                                epsilon=norm.eps)
+            return normed, (total if want_sum else None)
         inputs = [sublayer, residual, self.const(f"{name}.gamma", _np(norm.weight))]
-        inputs += [] if rms else [self.const(f"{name}.beta", _np(norm.bias))]
         if bias is not None:
-            inputs += [""] * rms + [self.const(f"{name}.skip_bias", _np(bias))]  # RMS: bias is input 3, no beta
+            inputs += ["", self.const(f"{name}.skip_bias", _np(bias))]  # bias is input 4 (beta's place is empty)
         self._count += 1
-        op = SKIP_RMS if rms else "SkipLayerNormalization"
         normed, total = f"skipln_{self._count}_out", f"skipln_{self._count}_sum"
-        self.nodes.append(helper.make_node(op, inputs, [normed, "", "", total] if want_sum else [normed],
-                                           name=f"{op}_{self._count}", domain=MS_DOMAIN, epsilon=norm.eps))
+        self.nodes.append(helper.make_node(SKIP_RMS, inputs, [normed, "", "", total] if want_sum else [normed],
+                                           name=f"{SKIP_RMS}_{self._count}", domain=MS_DOMAIN, epsilon=norm.eps))
         return normed, (total if want_sum else None)
 
 
@@ -93,7 +102,7 @@ def build_inplace_decoder(model: Transformer) -> onnx.ModelProto:
     (src_mask,) = g.op("Cast", [names.ENCODER_ATTENTION_MASK], to=TensorProto.INT32)  # (B, S) the op's mask type
     layers = list(model.decoder)
     norms = [m for layer in layers for m in (layer.res_self.norm, layer.res_cross.norm, layer.res_ffn.norm)]
-    # Pre-LN: each SkipLayerNormalization applies the norm the next sublayer (or the final dec_norm) starts with.
+    # Pre-LN: each skip norm applies the norm the next sublayer (or the final dec_norm) starts with.
     fused = norms[1:] + [model.dec_norm] if cfg.norm_first else norms
     h = x
     if cfg.norm_first:
@@ -108,7 +117,7 @@ def build_inplace_decoder(model: Transformer) -> onnx.ModelProto:
         f = _activation(g, g.linear(h, layer.ffn.w1, f"{sub}.ffn.w1"), cfg.activation)  # (B, 1, F)
         if layer.ffn.w3 is not None:  # gated FFN: act(h W1) * (h W3)
             (f,) = g.op("Mul", [f, g.linear(h, layer.ffn.w3, f"{sub}.ffn.w3")])
-        f = g.linear(f, layer.ffn.w2, f"{sub}.ffn.w2", bias=False)  # its bias goes into the SkipLayerNormalization
+        f = g.linear(f, layer.ffn.w2, f"{sub}.ffn.w2", bias=False)  # its bias goes into the skip norm
         h, x = _residual(g, f, x, layer.ffn.w2, fused[3 * i + 2], f"{sub}.ffn", cfg.norm_first, keep_sum=not last)
     # Squeeze first: onnxruntime aliases it, while a Squeeze that produced the graph output would copy the logits.
     (h,) = g.op("Squeeze", [h, g.const("axis_1", np.array([1], np.int64))])  # (B, D)
@@ -154,7 +163,7 @@ def _embed(g: _Builder, model: Transformer) -> str:
 
 
 def _first_norm(g: _Builder, x: str, norm) -> str:
-    """The first layer's pre-norm (the later ones ride on SkipLayerNormalization): LayerNormalization, or RMS norm
+    """The first layer's pre-norm (the later ones ride on the skip norms): LayerNormalization, or RMS norm
     x / sqrt(mean(x^2) + eps) * gamma from plain ops."""
     if hasattr(norm, "bias"):
         return g.op("LayerNormalization", [x, g.const("ln0.gamma", _np(norm.weight)), g.const("ln0.beta",
@@ -259,8 +268,7 @@ def contrib_ops(cfg) -> list[str]:
     """The com.microsoft ops a model's decoder_inplace uses (GroupQueryAttention, MultiHeadAttention, the skip norm,
     its activation's)."""
     norm = [SKIP_RMS] if cfg.norm == "rms" else []
-    ops = [op for op in CONTRIB_OPS if not (norm and op == "SkipLayerNormalization")] + norm
-    return ops + {"gelu": [GELU], "gelu_tanh": [FAST_GELU]}.get(cfg.activation, [])
+    return list(CONTRIB_OPS) + norm + {"gelu": [GELU], "gelu_tanh": [FAST_GELU]}.get(cfg.activation, [])
 
 
 @torch.no_grad()

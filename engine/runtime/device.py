@@ -46,6 +46,11 @@ _LEVELS = {"disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL, "basic": ort.G
            "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED, "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL}
 
 
+# onnxruntime's CPU SkipLayerNormalization took 5x the time of the Add + LayerNormalization it fuses (64 x 512 float32:
+# 172 vs 33 us, docs/benchmarks.md), so CPU sessions keep them apart; CUDA sessions fuse them
+CPU_UNFUSED = ["SkipLayerNormFusion"]
+
+
 class Device:
     """Creates sessions on one provider and moves arrays to and from it."""
 
@@ -80,7 +85,8 @@ class Device:
         if graph_capture:  # every input and output must then be bound at fixed device addresses (device_cache.py)
             cuda_options["enable_cuda_graph"] = "1"
         providers = [(CUDA, cuda_options), CPU] if self.provider == CUDA else [CPU]
-        session = ort.InferenceSession(str(path), sess_options=opts, providers=providers)
+        session = ort.InferenceSession(str(path), sess_options=opts, providers=providers,
+                                       disabled_optimizers=CPU_UNFUSED if self.provider == CPU else None)
         actual = session.get_providers()[0]
         if actual != self.provider:  # CUDA listed by onnxruntime-gpu, but its libraries or GPU are missing
             if self.cfg.device == "cuda":
@@ -89,6 +95,7 @@ class Device:
             log.info("%s unavailable (no GPU or CUDA libraries; --device cuda prints onnxruntime's reason): using %s",
                      self.provider, actual)
             self.provider, self.ort_device = actual, "cpu"
+            return self.session(path, graph_capture)  # again, with the CPU's optimisers
         return session
 
     @property

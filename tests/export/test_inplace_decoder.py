@@ -206,10 +206,12 @@ def test_fused_graph_has_far_fewer_nodes(small_model, small_graphs, tmp_path):
     plain = onnx.load(str(Path(small_graphs) / names.DECODER_FILE)).graph
     ops = [node.op_type for node in graph.node]
     n = small_model.cfg.n_decoder_layers
-    # embedding 3, mask cast 1, 14 per layer, logits 2
-    assert len(ops) == 3 + 1 + 14 * n + 2 < len(plain.node) / 2, (len(ops), len(plain.node))
+    # embedding 3, mask cast 1, 20 per layer (3 skip norms of Add, Add, LayerNormalization), logits 2
+    assert len(ops) == 3 + 1 + 20 * n + 2 < len(plain.node) / 2, (len(ops), len(plain.node))
     for op in CONTRIB_OPS:
         assert {o.domain for o in graph.node if o.op_type == op} == {"com.microsoft"}
     assert ops.count("GroupQueryAttention") == ops.count("MultiHeadAttention") == n
-    assert not {"Softmax", "Transpose", "Concat", "LayerNormalization"} & set(ops)  # post-LN: norms are fused
+    assert not {"Softmax", "Transpose", "Concat"} & set(ops)
+    # the CPU's fused SkipLayerNormalization is 5x slower than these two nodes (CUDA fuses them at load)
+    assert ops.count("LayerNormalization") == 3 * n and "SkipLayerNormalization" not in ops
     print(f"decoder_inplace: {len(ops)} nodes; decoder (concat): {len(plain.node)} nodes")

@@ -112,7 +112,7 @@ def test_manifest_lists_variants_with_measured_quality(full_bundle):
         inplace = variant[names.DECODER_INPLACE]
         assert inplace["kv_cache"] == names.KV_INPLACE and inplace["max_len"] == manifest.model["max_positions"]
         assert inplace["kv_dtype"] == ("float16" if name == "fp16" else "float32")
-        assert inplace["contrib_ops"] == ["GroupQueryAttention", "MultiHeadAttention", "SkipLayerNormalization"]
+        assert inplace["contrib_ops"] == ["GroupQueryAttention", "MultiHeadAttention"]
         q = variant["quality"]
         assert q["n"] == 200 and q["split"] == "heldout.tsv" and q["nan_free"] is True
         assert 0.9 <= q["exact_match"] <= 1.0 and "warning" not in q

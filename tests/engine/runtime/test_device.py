@@ -52,3 +52,34 @@ def test_thread_and_optimisation_settings_reach_the_sessions(tiny_bundle):
 def test_bad_runtime_settings_are_refused(bad):
     with pytest.raises(ValueError):
         RuntimeConfig(**bad)
+
+
+@pytest.mark.parametrize("device", ["cpu", "auto"])
+def test_cpu_sessions_keep_add_and_layer_normalization_apart(tmp_path, monkeypatch, device):
+    """onnxruntime fuses Add + LayerNormalization into SkipLayerNormalization at load, 5x slower on its CPU provider:
+    a CPU session (also one that auto fell back to) keeps the two nodes, where a default session fuses them."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from seqserve.engine.runtime.device import Device
+
+    x, s = (helper.make_tensor_value_info(n, TensorProto.FLOAT, [4, 1, 8]) for n in ("x", "s"))
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["x", "s"], ["a"]), helper.make_node("LayerNormalization", ["a", "g", "b"], ["y"])],
+        "norm", [x, s], [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 1, 8])],
+        [numpy_helper.from_array(np.ones(8, np.float32), "g"), numpy_helper.from_array(np.zeros(8, np.float32), "b")])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9), tmp_path / "n.onnx")
+    saved = tmp_path / "optimised.onnx"
+
+    class Saving(ort.SessionOptions):  # writes the graph onnxruntime runs
+        def __init__(self):
+            super().__init__()
+            self.optimized_model_filepath = str(saved)
+
+    monkeypatch.setattr(ort, "SessionOptions", Saving)
+    ort.InferenceSession(str(tmp_path / "n.onnx"), Saving(), providers=[CPU])
+    assert [n.op_type for n in onnx.load(saved).graph.node] == ["SkipLayerNormalization"]  # the default fuses
+    session = Device(RuntimeConfig(device=device)).session(tmp_path / "n.onnx")
+    if session.get_providers()[0] == CPU:
+        assert [n.op_type for n in onnx.load(saved).graph.node] == ["Add", "LayerNormalization"]
