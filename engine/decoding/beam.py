@@ -102,7 +102,7 @@ class Beams:
                acting: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The rows' log-probabilities (R, V) float64 after the token rules, as (raw, top, log_z) with top = log_z =
         0, so the selection below reads them unchanged."""
-        lp = np.subtract(raw, top, dtype=np.float64)  # (R, V) (a step with a forced token or top_logprobs only)
+        lp = np.subtract(raw, top, dtype=np.float64)  # (R, V): forced ids, no renormalize; top_logprobs
         lp -= log_z[:, None]
         self.rules.apply(lp, rows, acting=acting)
         return lp, np.zeros_like(top), np.zeros_like(log_z)

@@ -39,7 +39,7 @@ class Renormalize:
         return np.full(len(rows), rows.logprobs)
 
     def apply(self, scores: np.ndarray, rows: Rows, on: np.ndarray) -> None:
-        if on.all() and scores.dtype == np.float64:  # the beam step's rows (a forced token's step): in place
+        if on.all() and scores.dtype == np.float64:  # the beam step's rows (with top_logprobs): in place
             scores -= scores.max(axis=-1, keepdims=True)
             scores -= np.log(np.exp(scores).sum(axis=-1, keepdims=True))
         else:
