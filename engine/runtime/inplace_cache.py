@@ -90,10 +90,13 @@ class InPlaceCache:
         """Nothing to do: rows never move, and a free slot's stale K/V are never read."""
 
     def reorder(self, dst: np.ndarray, src: np.ndarray, columns: int) -> None:
-        """Beam search: rows dst take over the first `columns` self K/V columns of rows src, in place (all read
-        before any is written; the columns past a row's length are never read)."""
+        """Beam search: rows dst take over the first `columns` self K/V columns of rows src, in place (dst and src are
+        disjoint: Runner.reorder; the columns past a row's length are never read). Row by row: a fancy-indexed
+        gather and scatter of the same rows builds a temporary of them all and took 1.4x the time."""
+        pairs = list(zip(dst.tolist(), src.tolist()))
         for buf in self.self_kv:
-            buf[dst, :, :columns] = buf[src, :, :columns]
+            for d, s in pairs:
+                buf[d, :, :columns] = buf[s, :, :columns]
 
     def run(self, decoder, slots: Slots, rows: np.ndarray | None = None, need: Need = Need.LOGITS) -> StepOutput:
         """One step for slots [0, hi) in place (rows=None), or for some rows alone on copies of their buffers (a probe,
