@@ -24,10 +24,15 @@ from seqserve.engine.request import SamplingParams
 NO_DEFAULTS = SamplingParams()  # a bundle without generation defaults
 
 
+_PRESENCE: dict[str, bool] = {}  # DecodingOptions' field name -> whether it has presence (read once per field)
+
+
 def _given(o, name: str, default):
     """The request's value, or default when it left the field unset (no presence: the zero value means unset)."""
-    value = getattr(o, name)
-    if o.DESCRIPTOR.fields_by_name[name].has_presence:
+    value, presence = getattr(o, name), _PRESENCE.get(name)
+    if presence is None:
+        presence = _PRESENCE[name] = o.DESCRIPTOR.fields_by_name[name].has_presence
+    if presence:
         return value if o.HasField(name) else default
     return value or default
 
