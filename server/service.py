@@ -193,14 +193,14 @@ class GenerationService(pb_grpc.GenerationServicer):
 
     async def Generate(self, request: pb.GenerateRequest, context) -> pb.GenerateResponse:
         async with self._call("Generate", context, request) as call:
-            params, langs = self._params(call, request.options, self._seed()), self._languages(call, request)
+            params, langs = self._params(call, request.options, secrets.randbits(64)), self._languages(call, request)
             row = self._new_request(call, request.input, "input", params, stream=False, langs=langs)
             self._submit(call, [row])
             return response(await self._result(call.rows[0][1]))
 
     async def GenerateStream(self, request: pb.GenerateRequest, context):
         async with self._call("GenerateStream", context, request) as call:
-            params, langs = self._params(call, request.options, self._seed()), self._languages(call, request)
+            params, langs = self._params(call, request.options, secrets.randbits(64)), self._languages(call, request)
             row = self._new_request(call, request.input, "input", params, stream=True, langs=langs)
             self._submit(call, [row])
             pipe = call.rows[0][1]
@@ -285,7 +285,7 @@ class GenerationService(pb_grpc.GenerationServicer):
         if len(ids) > most:
             _refuse(f"{field} has {len(ids)} tokens, more than max_input_tokens={most}")
         if params.seed is None:
-            params = dataclasses.replace(params, seed=self._seed())
+            params = dataclasses.replace(params, seed=secrets.randbits(64))  # returned to the client
         return EngineRequest(next(self._ids), tuple(ids), params, stream=stream, deadline=call.deadline,
                              forced_bos=None if langs is None else langs.target_token)
 
@@ -304,11 +304,6 @@ class GenerationService(pb_grpc.GenerationServicer):
                 model.outbox.close(row.id)
             raise
         call.rows.extend(zip((row.id for row in rows), pipes))
-
-    @staticmethod
-    def _seed() -> int:
-        """The seed of an input whose request set none (returned to the client)."""
-        return secrets.randbits(64)
 
     @staticmethod
     async def _result(pipe: Pipe) -> Result:
