@@ -20,6 +20,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
 
+from seqserve.server import sched
 from seqserve.server.arrivals import hold_arrivals
 from seqserve.server.auth import TokenAuth
 from seqserve.server.edge import Edge
@@ -110,7 +111,7 @@ class App:
                                          used)
         loaded.outbox = Outbox(asyncio.get_running_loop(), EngineMetrics(self.metrics.for_model(source.name)))
         try:
-            await asyncio.to_thread(loaded.engine.start, loaded.outbox.deliver)
+            await asyncio.to_thread(sched.with_default_policy, loaded.engine.start, loaded.outbox.deliver)
         except BaseException:
             await asyncio.to_thread(loaded.engine.stop)
             raise
