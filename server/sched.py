@@ -11,8 +11,10 @@ recorded in docs/benchmarks.md ("The edge against its own ceiling"); with free c
 one and neither policy waits.
 
 A thread takes its creator's policy: the process's first thread takes SCHED_BATCH before it starts any other (grpc's,
-asyncio's executor, onnxruntime's), and the engine's thread is started from a thread that runs the default policy
-meanwhile (`with_default_policy`). Where the policy cannot be set (not Linux, or refused), nothing changes.
+asyncio's executor, onnxruntime's), and the engine is loaded and started from a thread that runs the default policy
+meanwhile (`with_default_policy`). Only a server whose engine runs in its own thread does it (`serve.run`): a front
+end of an engine process shares its cores with other work, not with an engine step, and keeps the default policy.
+Where the policy cannot be set (not Linux, or refused), nothing changes.
 """
 from __future__ import annotations
 

@@ -57,5 +57,6 @@ async def _serve(settings: Settings) -> int:
 def run(settings: Settings) -> int:
     """The `seqserve serve` entry point: serves until SIGTERM/SIGINT, then drains and returns 0."""
     logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    sched.batch()  # before any other thread starts: every thread but the engine's takes it (server/sched.py)
+    if not settings.engine_process:  # the edge yields to an engine that shares its cores (server/sched.py)
+        sched.batch()  # before any other thread starts: every thread but the engine's takes it
     return asyncio.run(_serve(settings))
