@@ -20,6 +20,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
 
+from seqserve.server import sched
 from seqserve.server.arrivals import hold_arrivals
 from seqserve.server.auth import TokenAuth
 from seqserve.server.edge import Edge
@@ -106,11 +107,11 @@ class App:
         if earlier is None:  # a changed model's earlier version serves (SERVING) until the new one takes over
             await self.health.set(health_name(source.name), NOT_SERVING)
         used = sum(m.memory_bytes for n, m in self.models.items() if n != source.name)  # a new version replaces
-        loaded = await asyncio.to_thread(self._load, source, split_threads(self.settings.intra_op_threads, n_models),
-                                         used)
+        loaded = await asyncio.to_thread(sched.with_default_policy, self._load, source,  # the engine's threads
+                                         split_threads(self.settings.intra_op_threads, n_models), used)
         loaded.outbox = Outbox(asyncio.get_running_loop(), EngineMetrics(self.metrics.for_model(source.name)))
         try:
-            await asyncio.to_thread(loaded.engine.start, loaded.outbox.deliver)
+            await asyncio.to_thread(sched.with_default_policy, loaded.engine.start, loaded.outbox.deliver)
         except BaseException:
             await asyncio.to_thread(loaded.engine.stop)
             raise

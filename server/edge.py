@@ -46,18 +46,22 @@ class Edge(grpc.aio.ServerInterceptor):
         return served
 
 
+def _ended(context: grpc.aio.ServicerContext) -> grpc.StatusCode:
+    """How a call that ended unread ends: its deadline, as the service computes it (inflight.Call), or the client."""
+    return Code.DEADLINE_EXCEEDED if Call(context).expired(time.monotonic()) else Code.CANCELLED
+
+
 def _reading(handler: grpc.RpcMethodHandler, unread) -> grpc.RpcMethodHandler:
     """The same handler served as request-streaming: it reads its one request, then runs as before."""
 
     async def read(context: grpc.aio.ServicerContext):
-        call = Call(context)  # its deadline, as the service computes it
         try:
             request = await context.read()
         except asyncio.CancelledError:  # the client left or the deadline passed before the request arrived
-            unread(Code.DEADLINE_EXCEEDED if call.expired(time.monotonic()) else Code.CANCELLED)
+            unread(_ended(context))
             raise
         if request is grpc.aio.EOF:  # the call ended with no request: grpc.aio's unary path ends it quietly too
-            unread(Code.DEADLINE_EXCEEDED if call.expired(time.monotonic()) else Code.CANCELLED)
+            unread(_ended(context))
             raise asyncio.CancelledError
         return request
 

@@ -48,6 +48,7 @@ class InFlight:
         self.last_arrival = float("-inf")  # time.monotonic() of the latest call's start (the drain waits for quiet)
         self._idle = asyncio.Event()
         self._idle.set()
+        metrics.inflight_bytes.set_function(lambda: self.bytes)  # read at scrape time: no gauge update per call
 
     def __len__(self) -> int:
         return len(self.calls)
@@ -62,18 +63,14 @@ class InFlight:
         if self.bytes + size > most:
             return False
         call.bytes = size
-        self._add(size)
+        self.bytes += size
         return True
 
     def leave(self, call: Call) -> None:
         self.calls.discard(call)
-        self._add(-call.bytes)
+        self.bytes -= call.bytes
         if not self.calls:
             self._idle.set()
-
-    def _add(self, size: int) -> None:
-        self.bytes += size
-        self.metrics.inflight_bytes.set(self.bytes)
 
     def abort(self) -> int:
         """Every call still in flight ends UNAVAILABLE: its rows are aborted, the engine ends them CANCELLED in its

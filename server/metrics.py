@@ -79,9 +79,13 @@ class _Labelled:
 
     def __init__(self, metric, model: str) -> None:
         self.metric, self.model = metric, model
+        self._children: dict[tuple[str, ...], object] = {}  # prometheus_client's labels() locks and copies per call
 
     def labels(self, *values: str):
-        return self.metric.labels(self.model, *values)
+        child = self._children.get(values)
+        if child is None:
+            child = self._children[values] = self.metric.labels(self.model, *values)
+        return child
 
 
 class ModelMetrics:

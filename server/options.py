@@ -24,18 +24,23 @@ from seqserve.engine.request import SamplingParams
 NO_DEFAULTS = SamplingParams()  # a bundle without generation defaults
 
 
+_PRESENCE: dict[str, bool] = {}  # DecodingOptions' field name -> whether it has presence (read once per field)
+
+
 def _given(o, name: str, default):
     """The request's value, or default when it left the field unset (no presence: the zero value means unset)."""
-    value = getattr(o, name)
-    if o.DESCRIPTOR.fields_by_name[name].has_presence:
+    value, presence = getattr(o, name), _PRESENCE.get(name)
+    if presence is None:
+        presence = _PRESENCE[name] = o.DESCRIPTOR.fields_by_name[name].has_presence
+    if presence:
         return value if o.HasField(name) else default
     return value or default
 
 
 def sampling_params(o, limits: Limits, defaults: SamplingParams = NO_DEFAULTS,
-                    forced_eos: bool = False) -> SamplingParams:
-    """The validated options; seed is None when the request left it unset (the service draws one per input). Each
-    message is formatted only when its check fails: a valid request, the common case, pays for none.
+                    forced_eos: bool = False, seed: int | None = None) -> SamplingParams:
+    """The validated options; seed: what a seed the request left unset becomes (None: the service draws one per input
+    later). Each message is formatted only when its check fails: a valid request, the common case, pays for none.
     forced_eos: the model forces its end token at max_new_tokens, which wins over min_new_tokens (as in HF)."""
     cap = limits.max_new_tokens
     max_new = o.max_new_tokens if o.HasField("max_new_tokens") else limits.default_max_new_tokens
@@ -85,9 +90,9 @@ def sampling_params(o, limits: Limits, defaults: SamplingParams = NO_DEFAULTS,
     problem = beam_problem(beams, n, length_penalty, temperature, penalty, stop)
     if problem is not None:
         raise InvalidOption(f"options.{problem}")
-    return dataclasses.replace(
-        defaults, max_new_tokens=max_new, min_new_tokens=min_new, temperature=temperature, top_k=top_k, top_p=top_p,
-        repetition_penalty=penalty, stop=stop, seed=o.seed if o.HasField("seed") else None, num_beams=beams,
+    return SamplingParams(  # every field named (dataclasses.replace costs several times more, on every call)
+        max_new_tokens=max_new, min_new_tokens=min_new, temperature=temperature, top_k=top_k, top_p=top_p,
+        repetition_penalty=penalty, stop=stop, seed=o.seed if o.HasField("seed") else seed, num_beams=beams,
         num_return_sequences=n, length_penalty=length_penalty,
         early_stopping=bool(_given(o, "early_stopping", defaults.early_stopping)),
         return_logprobs=o.return_logprobs, top_logprobs=top)

@@ -12,18 +12,22 @@ _FINISH = {FinishReason.EOS: pb.FINISH_REASON_EOS, FinishReason.LENGTH: pb.FINIS
            FinishReason.DEADLINE: pb.FINISH_REASON_DEADLINE}
 
 def summary(result: Result) -> dict:
+    """The result's fields of a response, nested messages as dicts (the message's constructor builds them in place:
+    cheaper than building each message and copying it in)."""
     return dict(finish_reason=_FINISH[result.finish_reason], seed=result.seed,
-                usage=pb.Usage(input_tokens=result.input_tokens, generated_tokens=result.generated_tokens),
-                timings=pb.Timings(queue_seconds=result.queue_seconds, first_token_seconds=result.first_token_seconds,
-                                   total_seconds=result.total_seconds),
+                usage={"input_tokens": result.input_tokens, "generated_tokens": result.generated_tokens},
+                timings={"queue_seconds": result.queue_seconds, "first_token_seconds": result.first_token_seconds,
+                         "total_seconds": result.total_seconds},
                 sequences=[_sequence(s) for s in result.sequences])
 
 
-def _sequence(s: Sequence) -> pb.Sequence:
-    return pb.Sequence(text=s.text, token_ids=s.token_ids, finish_reason=_FINISH[s.finish_reason],
-                       cumulative_logprob=s.cumulative_logprob, score=s.score,
-                       logprobs=[pb.TokenLogprob(token_id=t.token_id, logprob=t.logprob, top_logprobs=[
-                           pb.TopLogprob(token_id=i, logprob=lp) for i, lp in t.top]) for t in s.logprobs])
+def _sequence(s: Sequence) -> dict:
+    fields = {"text": s.text, "token_ids": s.token_ids, "finish_reason": _FINISH[s.finish_reason],
+              "cumulative_logprob": s.cumulative_logprob, "score": s.score}
+    if s.logprobs:  # only with return_logprobs
+        fields["logprobs"] = [{"token_id": t.token_id, "logprob": t.logprob, "top_logprobs": [
+            {"token_id": i, "logprob": lp} for i, lp in t.top]} for t in s.logprobs]
+    return fields
 
 
 def response(result: Result) -> pb.GenerateResponse:

@@ -10,7 +10,7 @@ import dataclasses
 import logging
 import os
 
-from seqserve.server import signals
+from seqserve.server import sched, signals
 from seqserve.server.app import App
 from seqserve.server.front_ends import Role, metrics_port, watch_first
 from seqserve.server.settings import Settings
@@ -57,4 +57,6 @@ async def _serve(settings: Settings) -> int:
 def run(settings: Settings) -> int:
     """The `seqserve serve` entry point: serves until SIGTERM/SIGINT, then drains and returns 0."""
     logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not settings.engine_process:  # the edge yields to an engine that shares its cores (server/sched.py)
+        sched.batch()  # before any other thread starts: every thread but the engine's takes it
     return asyncio.run(_serve(settings))

@@ -51,7 +51,11 @@ class Rejected(Exception):
 
 def _check(ok: bool, message: str) -> None:
     if not ok:
-        raise Rejected(Code.INVALID_ARGUMENT, message, "invalid_argument")
+        _refuse(message)
+
+
+def _refuse(message: str) -> None:
+    raise Rejected(Code.INVALID_ARGUMENT, message, "invalid_argument")
 
 
 class GenerationService(pb_grpc.GenerationServicer):
@@ -137,15 +141,20 @@ class GenerationService(pb_grpc.GenerationServicer):
                 code, message = Code.INTERNAL, ERROR_MESSAGE  # the log has the exception: the client sees no repr
             finally:
                 call.release()
-                self.metrics.requests.labels(_label(call), method, code.name).inc()
-                if timed:
-                    self.metrics.request_duration.labels(_label(call), method).observe(time.monotonic() - start)
+                self._count(call, method, code, time.monotonic() - start if timed else None)
             if code is not Code.OK:
                 await context.abort(code, message)
         finally:
             if call.model is not None:
                 call.model.leave(call)
             self.inflight.leave(call)
+
+    def _count(self, call: Call, method: str, code: grpc.StatusCode, seconds: float | None) -> None:
+        """Counts the call (and times it): through its model's metrics, whose children are kept, or model ""."""
+        metrics, model = (self.metrics, ("",)) if call.model is None else (call.model.metrics, ())
+        metrics.requests.labels(*model, method, code.name).inc()
+        if seconds is not None:
+            metrics.request_duration.labels(*model, method).observe(seconds)
 
     def _admit(self, call: Call, method: str, request) -> None:
         """Refuses a call before any work: the server is not ready or draining, the request could not be decoded,
@@ -184,22 +193,23 @@ class GenerationService(pb_grpc.GenerationServicer):
 
     async def Generate(self, request: pb.GenerateRequest, context) -> pb.GenerateResponse:
         async with self._call("Generate", context, request) as call:
-            params, langs = self._params(call, request.options), self._languages(call, request)
+            params, langs = self._params(call, request.options, secrets.randbits(64)), self._languages(call, request)
             row = self._new_request(call, request.input, "input", params, stream=False, langs=langs)
             self._submit(call, [row])
             return response(await self._result(call.rows[0][1]))
 
     async def GenerateStream(self, request: pb.GenerateRequest, context):
         async with self._call("GenerateStream", context, request) as call:
-            params, langs = self._params(call, request.options), self._languages(call, request)
+            params, langs = self._params(call, request.options, secrets.randbits(64)), self._languages(call, request)
             row = self._new_request(call, request.input, "input", params, stream=True, langs=langs)
             self._submit(call, [row])
             pipe = call.rows[0][1]
             while True:
                 outputs = await pipe.take()  # a slow reader gets the backlog in one message
-                piece = pb.GenerateStreamResponse(text="".join(o.text for o in outputs),
-                                                  token_ids=[t for o in outputs for t in o.token_ids])
                 end = outputs[-1]
+                piece = (pb.GenerateStreamResponse(text=end.text, token_ids=end.token_ids) if len(outputs) == 1 else
+                         pb.GenerateStreamResponse(text="".join(o.text for o in outputs),
+                                                   token_ids=[t for o in outputs for t in o.token_ids]))
                 _raise_for_refusal(end)
                 if end.result is None:
                     yield piece
@@ -232,11 +242,12 @@ class GenerationService(pb_grpc.GenerationServicer):
             info.models[:] = sorted(self.models)
             return info
 
-    def _params(self, call: Call, o: pb.DecodingOptions) -> SamplingParams:
-        """Validated decoding options (INVALID_ARGUMENT names the field); the seed is chosen per input."""
+    def _params(self, call: Call, o: pb.DecodingOptions, seed: int | None = None) -> SamplingParams:
+        """Validated decoding options (INVALID_ARGUMENT names the field); a seed left unset becomes `seed`, or with
+        None is drawn per input (_new_request)."""
         try:
             return options.sampling_params(o, call.model.limits, call.model.defaults,
-                                           forced_eos=call.model.engine.info.forced_eos)
+                                           forced_eos=call.model.engine.info.forced_eos, seed=seed)
         except options.InvalidOption as exc:
             raise Rejected(Code.INVALID_ARGUMENT, str(exc), "invalid_argument") from None
 
@@ -263,15 +274,16 @@ class GenerationService(pb_grpc.GenerationServicer):
 
     def _new_request(self, call: Call, text: str, field: str, params: SamplingParams, stream: bool,
                      langs: RequestLanguages | None = None) -> EngineRequest:
-        model = call.model
-        _check(text.strip() != "", f"{field} must not be empty or whitespace")
-        most = model.limits.max_input_tokens
-        _check(len(text) <= model.max_chars, f"{field} has {len(text)} characters, more than "
-                                             f"max_input_tokens={most} tokens can hold")
+        model, most = call.model, call.model.limits.max_input_tokens
+        if not text.strip():  # each message is formatted only when its check fails
+            _refuse(f"{field} must not be empty or whitespace")
+        if len(text) > model.max_chars:
+            _refuse(f"{field} has {len(text)} characters, more than max_input_tokens={most} tokens can hold")
         ids = model.tokenizer.encode(text).ids
         if langs is not None:  # the source language token, where the model's tokenizer puts it
             ids = model.languages.source_ids(ids, langs.source)
-        _check(len(ids) <= most, f"{field} has {len(ids)} tokens, more than max_input_tokens={most}")
+        if len(ids) > most:
+            _refuse(f"{field} has {len(ids)} tokens, more than max_input_tokens={most}")
         if params.seed is None:
             params = dataclasses.replace(params, seed=secrets.randbits(64))  # returned to the client
         return EngineRequest(next(self._ids), tuple(ids), params, stream=stream, deadline=call.deadline,

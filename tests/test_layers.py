@@ -41,12 +41,14 @@ SERVER_FROM_CLIENT = {"seqserve.client.flags", "seqserve.client.channel"}
 EDGE_FROM_ENGINE = {"seqserve.engine.limits", "seqserve.engine.api", "seqserve.engine.request"}
 EDGE_CALL_PATH = {f"seqserve.server.{m}" for m in ("app", "service", "served_model", "inflight", "outbox",
                                                      "engine_metrics", "options", "responses", "pipe")}
-# The loadtest modules that run the engine in their own process, without gRPC: every benchmark row (the offline
-# engine row server_bench compares the gRPC path against included), the graph-loop row, the engine, node and step
-# profilers, and the provider probe. Every other loadtest module (locustfile, grpc_user, driver, command, sweep, ...)
-# talks to a running server and reaches it only through seqserve.client.
+# The loadtest modules that run the engine or the edge's own steps in their own process, without gRPC: every
+# benchmark row (the offline engine row server_bench compares the gRPC path against included), the graph-loop row,
+# the engine, node and step profilers, the provider probe, and the edge's per-call steps. Every other loadtest module
+# (locustfile, grpc_user, driver, command, sweep, ...) talks to a running server and reaches it only through
+# seqserve.client.
 ENGINE_OFFLINE = {"seqserve.loadtest.bench_rows", "seqserve.loadtest.graph_loop", "seqserve.loadtest.engine_profile",
-                  "seqserve.loadtest.node_profile", "seqserve.loadtest.step_profile", "seqserve.loadtest.device_probe"}
+                  "seqserve.loadtest.node_profile", "seqserve.loadtest.step_profile", "seqserve.loadtest.device_probe",
+                  "seqserve.loadtest.edge_calls"}
 # What a load generator process loads (`locust -f locustfile.py`, `seqserve loadtest`): none of it may reach the
 # server package, even through another loadtest module.
 LOAD_GENERATORS = ("seqserve.loadtest.locustfile", "seqserve.loadtest.command")

@@ -2,6 +2,7 @@
 the model's defaults; GetModelInfo's config values are typed (issue 16, items 1 and 17)."""
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
@@ -52,6 +53,16 @@ def test_unset_options_take_the_models_defaults_and_set_ones_win():
                              LIMITS, defaults)
     assert (greedy.temperature, greedy.top_k, greedy.min_new_tokens, greedy.early_stopping) == (0.0, 0, 0, False)
     assert sampling_params(pb.DecodingOptions(), LIMITS) == SamplingParams(max_new_tokens=16, seed=None)
+
+
+def test_an_unset_request_is_the_models_defaults_in_every_field_and_takes_the_given_seed():
+    """sampling_params names every SamplingParams field: none falls back to the class's own default instead."""
+    defaults = SamplingParams(max_new_tokens=LIMITS.default_max_new_tokens, min_new_tokens=1, temperature=0.5,
+                              top_k=3, top_p=0.5, repetition_penalty=1.5, stop=("zz",), seed=None, num_beams=1,
+                              num_return_sequences=1, length_penalty=0.5, early_stopping=True)
+    assert sampling_params(pb.DecodingOptions(), LIMITS, defaults) == defaults
+    assert sampling_params(pb.DecodingOptions(), LIMITS, defaults, seed=7) == dataclasses.replace(defaults, seed=7)
+    assert sampling_params(pb.DecodingOptions(seed=9), LIMITS, defaults, seed=7).seed == 9  # a set seed wins
 
 
 def test_a_huge_length_penalty_is_invalid_argument_and_the_ranges_are_in_model_info(served, heldout):
