@@ -6,8 +6,8 @@ Per layer, for a (batch, 1, d_model) step:
     cross-attention  MatMul(W^Q) -> MultiHeadAttention(Q bias, cross K/V in BNSH, source mask) -> MatMul -> skip norm
     feed-forward     MatMul + Add -> Relu | Gelu | FastGelu | Sigmoid * x (x gate MatMul) -> MatMul -> skip norm
 The skip norm takes the output projection's bias and the residual: LN(x + sublayer + b) (post-LN), or the *next*
-LayerNorm with the sum as the new residual stream (pre-LN). It is Add + LayerNormalization (onnxruntime's CUDA
-provider fuses them into SkipLayerNormalization at load; on the CPU that fusion is off, engine/runtime/device.py),
+LayerNorm with the sum as the new residual stream (pre-LN). It is Add + LayerNormalization (CUDA sessions leave on
+onnxruntime's fusion of them into SkipLayerNormalization; CPU sessions turn it off, engine/runtime/device.py),
 or SkipSimplifiedLayerNormalization for T5's RMS norm.
 
 GroupQueryAttention (kv_num_heads = num_heads) writes row b's new K/V at column past_sequence_lengths[b] of its
@@ -74,7 +74,7 @@ class _Builder:
         """(LN(residual + (sublayer + bias)), the un-normalised sum if wanted): Add nodes and a LayerNormalization,
         or one SkipSimplifiedLayerNormalization for an RMS norm (no beta; a bias-free model has no skip bias).
         onnxruntime's CPU SkipLayerNormalization took 5x the time of Add + LayerNormalization (docs/benchmarks.md),
-        so a LayerNorm model's graph leaves the fusion to the provider: CUDA fuses them at load, the CPU does not."""
+        so a LayerNorm model's graph leaves the fusion to the provider: on at load for CUDA, off on the CPU."""
         rms = not hasattr(norm, "bias")
         if not rms:
             if bias is not None:

@@ -39,8 +39,4 @@ class Renormalize:
         return np.full(len(rows), rows.logprobs)
 
     def apply(self, scores: np.ndarray, rows: Rows, on: np.ndarray) -> None:
-        if on.all() and scores.dtype == np.float64:  # the beam step's rows (with top_logprobs): in place
-            scores -= scores.max(axis=-1, keepdims=True)
-            scores -= np.log(np.exp(scores).sum(axis=-1, keepdims=True))
-        else:
-            scores[on] = _log_softmax64(scores[on])
+        scores[on] = _log_softmax64(scores[on])  # a beam step with top_logprobs (else Beams takes one log_softmax)

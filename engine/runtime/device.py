@@ -47,7 +47,7 @@ _LEVELS = {"disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL, "basic": ort.G
 
 
 # onnxruntime's CPU SkipLayerNormalization took 5x the time of the Add + LayerNormalization it fuses (64 x 512 float32:
-# 172 vs 33 us, docs/benchmarks.md), so CPU sessions keep them apart; CUDA sessions fuse them
+# 172 vs 33 us, docs/benchmarks.md), so CPU sessions keep them apart; CUDA sessions leave the fusion on
 CPU_UNFUSED = ["SkipLayerNormFusion"]
 
 
