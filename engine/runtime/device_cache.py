@@ -127,7 +127,7 @@ class DeviceInPlaceCache:
     def after_leave(self, slots: Slots) -> None:
         """Nothing to do: rows never move, and a free slot's stale K/V are never read."""
 
-    def reorder(self, dst: np.ndarray, src: np.ndarray, columns: int) -> None:
+    def reorder(self, dst: np.ndarray, src: np.ndarray, columns: int, shared: np.ndarray) -> None:
         """Beam search: rows dst take over rows src's self K/V on the device, by parent index in one call (dst and src
         are disjoint). Whole rows are copied: a row's buffer is contiguous, its first columns are not."""
         self.graphs.reorder(self.self_kv, np.asarray(src), np.asarray(dst))

@@ -72,7 +72,7 @@ class ConcatCache:
         else:
             self.trim()
 
-    def reorder(self, dst: np.ndarray, src: np.ndarray, columns: int) -> None:
+    def reorder(self, dst: np.ndarray, src: np.ndarray, columns: int, shared: np.ndarray) -> None:
         """Beam search: rows dst take over the past of rows src (all read before any is written; a row's past is
         right-aligned and the step's present is a new array, so the whole past is copied)."""
         self.past = [self.device.put(_copy_rows(self.device.get(v), dst, src)) for v in self.past]

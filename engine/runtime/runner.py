@@ -21,6 +21,10 @@ from seqserve.engine.runtime.slots import Joining, Slots
 from seqserve.engine.step_output import Need, StepOutput
 
 DEFAULT_CAPACITY = 256  # rows the slot map holds; the scheduler's max_batch_size must not exceed it
+# Variants whose K/V column of a row is bit-equal wherever the row sits in the batch: int8's projections accumulate in
+# integers (DynamicQuantizeMatMul), while a float32 GEMM rounds a row by its position in the batch (the imported
+# families' beams then left transformers' tokens). Only there may a beam reorder skip the prefix two beams share.
+SHARED_PREFIX_VARIANTS = ("int8",)
 
 
 def choose_cache(kind: str, variant_files: dict, provider_device: str) -> str:
@@ -151,12 +155,15 @@ class Runner:
 
     def reorder(self, dst: np.ndarray, src: np.ndarray) -> None:
         """Beam search: rows dst continue from rows src (tokens so far and self K/V), right after a step; dst and src
-        are disjoint. Only the K/V columns written so far are copied."""
+        are disjoint beams of the same requests. Only the K/V columns written so far are copied, and for an int8
+        graph the in-place cache skips the columns of the prefix the two beams share (SHARED_PREFIX_VARIANTS)."""
         if not len(dst):
             return
-        columns = int(self.slots.length[src].max()) + 1  # the step just wrote column `length`
+        columns = int(self.slots.length[src].max()) + 1  # the step just wrote column `length` from token `length`
+        shared = (self.slots.shared_prefix(dst, src, columns) if self.variant in SHARED_PREFIX_VARIANTS
+                  else np.zeros(len(dst), np.int64))  # (N,) read before the tokens are copied
         self.slots.copy_rows(dst, src)
-        self.cache.reorder(dst, src, columns)
+        self.cache.reorder(dst, src, columns, shared)
 
 
 def run_encoder(encoder, device: Device, pad_id: int, n_layers: int,

@@ -254,3 +254,21 @@ def test_graph_loop_agrees_with_the_engine_where_rows_end_at_different_steps(tin
     work = Workload(sources, MAX_NEW, 1, "cpu", None, tiny_bundle, kv_cache="concat")  # every bundle has it
     loop, engine = (run_row(RowSpec(backend, "fp32", 5), work).outputs for backend in (GRAPH_LOOP, ENGINE))
     assert loop == engine and len({len(ids) for ids in loop}) > 2
+
+
+def test_beam_rounds_report_the_median_of_their_own_rows(random_model):
+    """`python -m seqserve.loadtest.beam_rounds`: each round's ratio is its engine row over its CTranslate2 row (fresh
+    processes, CPU time), the figure is their median; fp32 greedy outputs agree, so they are reported identical."""
+    from seqserve.loadtest import beam_rounds
+
+    _, work = random_model
+    args = [str(work), "--precision", "fp32", "--rounds", "2", "--batch-size", "4", "--num-beams", "1",
+            "-n", str(SOURCES), "--max-new-tokens", str(FORCED)]
+    result = beam_rounds.main(args)
+    ratios = [r["ratio"] for r in result["rounds"]]
+    assert len(ratios) == 2 and result["median_ratio"] == pytest.approx(sum(ratios) / 2)
+    for r in result["rounds"]:
+        assert r["ratio"] == pytest.approx(r["engine"] / r["ctranslate2"], rel=2e-3, abs=1e-3)  # both rounded
+    assert result["identical_outputs"] is True
+    with pytest.raises(SystemExit):
+        beam_rounds.main([str(work), "--rounds", "0"])

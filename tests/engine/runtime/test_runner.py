@@ -86,3 +86,41 @@ def test_trim_drops_leading_columns_once_half_of_the_past_is_unused():
     cache.trim()  # row 1 uses only the last column: 9 >= MIN_TRIM unused columns, more than half
     assert cache.past_len == 1 and cache.self_mask.tolist() == [[0], [1]]
     assert device.get(cache.past[0])[1, 0, :, 0].tolist() == [9.0]  # the column kept is row 1's own
+
+
+
+@pytest.mark.parametrize("variant", ["int8", "fp32"])
+def test_an_int8_beam_reorder_copies_only_the_columns_after_the_prefix_two_beams_share(full_bundle, variant):
+    """int8: the reorder skips the columns of the prefix a beam and its new parent share. That rests on those columns
+    being bit-equal already (same tokens, same steps, integer GEMMs), asserted first with the beams placed behind
+    three other rows; the skipped columns are then poisoned to prove nothing was written there, and every other column
+    must equal the parent's. fp32 (a float GEMM rounds a row by its place in the batch): every column is copied."""
+    from seqserve.engine.request import Request, SamplingParams
+
+    runner = Runner(full_bundle, RuntimeConfig(device="cpu"), capacity=8, kv_cache="inplace", variant=variant)
+    eos = runner.manifest.special_tokens["eos_id"]
+    ahead = Request(input_ids=[6, 8, eos], params=SamplingParams(num_beams=3))  # slots 0-2
+    r = Request(input_ids=[5, 7, 9, eos], params=SamplingParams(num_beams=4))  # slots 3-6
+    cross, _ = runner.encode([ahead.id, r.id], [ahead.input_ids, r.input_ids])
+    runner.admit(Joining.of([ahead, r]), [cross[ahead.id]] * 3 + [cross[r.id]] * 4)
+    slots, live = runner.slots, np.ones(7, bool)
+    for tokens in ([12, 13, 14, 10, 10, 11, 12], [15, 15, 15, 20, 21, 20, 20]):  # 3, 4 share [start, 10]; 5, 6 [start]
+        runner.step()
+        slots.append(np.array(tokens), live)
+    runner.step()  # writes column 2; the reorder comes right after a step, before the chosen tokens are appended
+    kv = runner.cache.self_kv
+    if variant == "int8":
+        for buf in kv:
+            assert buf[4, :, :2].tobytes() == buf[3, :, :2].tobytes()  # the premise: a shared prefix's columns
+            assert buf[6, :, :1].tobytes() == buf[5, :, :1].tobytes()
+            assert buf[6, :, 1].tobytes() != buf[5, :, 1].tobytes()  # tokens 12 and 11 differ
+    parents = [buf[[3, 5], :, :3].copy() for buf in kv]
+    for buf in kv:  # test-only poison: any write into a shared column replaces it
+        buf[4, :, :2], buf[6, :, :1] = np.nan, np.nan
+    runner.reorder(np.array([4, 6]), np.array([3, 5]))  # row 4 continues row 3, row 6 continues row 5
+    first = (2, 1) if variant == "int8" else (0, 0)  # the first column each pair copies
+    for buf, parent in zip(kv, parents):
+        assert np.isnan(buf[4, :, : first[0]]).all() and np.isnan(buf[6, :, : first[1]]).all()  # skipped
+        assert buf[4, :, first[0] : 3].tobytes() == parent[0, :, first[0] : 3].tobytes()
+        assert buf[6, :, first[1] : 3].tobytes() == parent[1, :, first[1] : 3].tobytes()
+    assert slots.ids[[4, 6], :3].tolist() == slots.ids[[3, 5], :3].tolist()  # the tokens moved with the K/V
