@@ -125,8 +125,8 @@ class Slots:
             self.hi -= 1
 
     def shared_prefix(self, a: np.ndarray, b: np.ndarray, n: int) -> np.ndarray:
-        """(N,) how many of their first n tokens rows a and b have in common, pair by pair (beams of one request: the
-        K/V columns of a common prefix are equal, computed from the same tokens in the same steps)."""
+        """(N,) how many of their first n tokens rows a and b have in common, pair by pair (beams of one request: in
+        an int8 graph the K/V columns of a common prefix are equal, computed from the same tokens in the same steps)."""
         differ = self.ids[a, :n] != self.ids[b, :n]  # (N, n)
         return np.where(differ.any(axis=1), differ.argmax(axis=1), n)
 

@@ -88,7 +88,6 @@ def test_trim_drops_leading_columns_once_half_of_the_past_is_unused():
     assert device.get(cache.past[0])[1, 0, :, 0].tolist() == [9.0]  # the column kept is row 1's own
 
 
-
 @pytest.mark.parametrize("variant", ["int8", "fp32"])
 def test_an_int8_beam_reorder_copies_only_the_columns_after_the_prefix_two_beams_share(full_bundle, variant):
     """int8: the reorder skips the columns of the prefix a beam and its new parent share. That rests on those columns
