@@ -18,24 +18,14 @@ import statistics
 from pathlib import Path
 
 from seqserve.contract.manifest import load_manifest
-from seqserve.contract.tokenizer import load_tokenizer
-from seqserve.contract.tsv import heldout_pairs
-from seqserve.loadtest import hf_models
-from seqserve.loadtest.bench import run_rows
+from seqserve.loadtest.bench import inputs, run_rows
 from seqserve.loadtest.bench_rows import CTRANSLATE2, ENGINE, RowSpec, Workload
 
 
 def workload(directory: Path, hf: bool, n: int, max_new_tokens: int) -> Workload:
+    """The bench's inputs (`bench.inputs`), every backend forced to max_new_tokens (one short of a forced end token)."""
     bundle = directory / "bundle"
-    manifest = load_manifest(bundle)
-    forced = hf and (manifest.generation or {}).get("forced_eos_token_id") is not None
-    if hf:
-        special = {int(i) for i in manifest.special_tokens.values()}
-        sources = hf_models.random_sources(n, int(manifest.model["vocab_size"]), special,
-                                           int(manifest.special_tokens["eos_id"]), 0)
-    else:
-        tokenizer = load_tokenizer(bundle / manifest.tokenizer["file"])
-        sources = [tokenizer.encode(s).ids for s, _ in heldout_pairs(bundle, n)]
+    sources, forced = inputs(bundle, load_manifest(bundle), hf, n, seed=0)
     return Workload(sources, max_new_tokens, 1, "cpu", directory / "checkpoint", bundle, directory / "ctranslate2",
                     min_new_tokens=max_new_tokens - (1 if forced else 0), forced_eos=forced)
 

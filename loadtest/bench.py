@@ -117,20 +117,26 @@ def _converter(cfg: BenchConfig, skipped: list[str]):
     return convert
 
 
-def _workload(cfg: BenchConfig, checkpoint: Path | None, bundle: Path, ct2: Path | None) -> tuple[Workload, list[str]]:
-    manifest = load_manifest(bundle)
-    if cfg.hf_dir is not None:
+def inputs(bundle: Path, manifest, hf: bool, n: int, seed: int) -> tuple[list[list[int]], bool]:
+    """(sources, forced_eos): the bench's inputs, n random ids for an imported model (`--hf`) or the bundle's first n
+    held-out lines; and whether the model forces its end token at max_new_tokens (an imported generation config)."""
+    if hf:
         special = {int(i) for i in manifest.special_tokens.values()}
-        sources = hf_models.random_sources(cfg.num_inputs, int(manifest.model["vocab_size"]), special,
-                                           int(manifest.special_tokens["eos_id"]), cfg.seed)
+        sources = hf_models.random_sources(n, int(manifest.model["vocab_size"]), special,
+                                           int(manifest.special_tokens["eos_id"]), seed)
     else:
-        pairs = heldout_pairs(bundle, cfg.num_inputs)
+        pairs = heldout_pairs(bundle, n)
         if not pairs:
             raise ValueError(f"{bundle} has no held-out inputs (heldout.tsv)")
         tokenizer = load_tokenizer(bundle / manifest.tokenizer["file"])
         sources = [tokenizer.encode(source).ids for source, _ in pairs]
+    return sources, hf and (manifest.generation or {}).get("forced_eos_token_id") is not None
+
+
+def _workload(cfg: BenchConfig, checkpoint: Path | None, bundle: Path, ct2: Path | None) -> tuple[Workload, list[str]]:
+    manifest = load_manifest(bundle)
+    sources, forced_eos = inputs(bundle, manifest, cfg.hf_dir is not None, cfg.num_inputs, cfg.seed)
     max_new = cfg.resolved_max_new(int(manifest.max_new_tokens))
-    forced_eos = cfg.hf_dir is not None and (manifest.generation or {}).get("forced_eos_token_id") is not None
     # A forced end token is the last of max_new_tokens: the forced length stops one token short of it.
     min_new = cfg.resolved_min_new(max_new) - (1 if forced_eos and cfg.min_new_tokens is None else 0)
     work = Workload(sources, max_new, cfg.threads, cfg.device, checkpoint, bundle, ct2, min_new_tokens=min_new,
